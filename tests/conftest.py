@@ -1,0 +1,40 @@
+"""Shared fixtures: a tiny chat target built by the tests themselves (no downloads)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.toy_target import build_target
+
+WORDS = (
+    "def return import class self value list dict print for while if else elif try except "
+    "lambda yield async await with open file read write path json data model token layer "
+    "hidden state draft target accept length speculative decode batch tensor shape"
+).split()
+
+
+def toy_corpus(n: int = 400, seed: int = 0) -> list[str]:
+    """Return `n` short code-ish lines from a fixed vocabulary (deterministic)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 16))) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-init 4-layer Llama (hidden 64) with a BPE tokenizer and chat template, saved."""
+    out = tmp_path_factory.mktemp("tiny_target")
+    build_target(toy_corpus(), out, vocab_size=512, seed=0, hidden_size=64, num_layers=4)
+    return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
