@@ -1,0 +1,554 @@
+"""The catalog: one DuckDB file that records what the agents found, what a person approved,
+and every mix, generation and training run made from it.
+
+Human review is plain SQL (`curator sql`, or the duckdb CLI), so the schema is the interface.
+DuckDB lets only one process hold a file open for writing and refuses everyone else, even
+readers. A scout run lasts many minutes while a person wants to query the catalog, so this
+module never keeps the file open: every call opens a connection, does its work in one
+transaction and closes it, and waits (bounded) for a short-lived holder to let go. Only a
+process that keeps the file open for longer (say an open duckdb shell) makes a call fail,
+with a message that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from curator.errors import CatalogError, CatalogLockedError
+
+ENV_VAR = "CURATOR_CATALOG"
+DEFAULT_PATH = "catalog.duckdb"
+LOCK_WAIT_S = 10.0
+STATUSES = ("proposed", "approved", "rejected")
+
+# Each migration brings the schema from version i to i+1; all are idempotent so that a crash
+# between a migration and its version bump is harmless on the next open.
+MIGRATIONS: list[str] = [
+    # 1: what scouting records.
+    """
+    CREATE TABLE IF NOT EXISTS datasets (
+        dataset_id VARCHAR PRIMARY KEY,
+        author VARCHAR,
+        sha VARCHAR,
+        last_modified TIMESTAMP,
+        downloads BIGINT,
+        likes BIGINT,
+        tags VARCHAR[],
+        license VARCHAR,
+        gated VARCHAR,
+        size_category VARCHAR,
+        num_rows BIGINT,
+        features JSON,
+        card_excerpt VARCHAR,
+        fetched_at TIMESTAMP
+    );
+    CREATE SEQUENCE IF NOT EXISTS candidate_id_seq START 1;
+    CREATE TABLE IF NOT EXISTS candidates (
+        id BIGINT PRIMARY KEY DEFAULT nextval('candidate_id_seq'),
+        run_id VARCHAR,
+        agent VARCHAR,
+        dataset_id VARCHAR NOT NULL,
+        category VARCHAR,
+        relevance DOUBLE,
+        rationale VARCHAR,
+        suggested_samples BIGINT,
+        status VARCHAR DEFAULT 'proposed',
+        created_at TIMESTAMP
+    );
+    CREATE TABLE IF NOT EXISTS scout_runs (
+        run_id VARCHAR PRIMARY KEY,
+        goal VARCHAR,
+        planner VARCHAR,
+        model VARCHAR,
+        agents INTEGER,
+        status VARCHAR,
+        input_tokens BIGINT,
+        output_tokens BIGINT,
+        errors INTEGER,
+        started_at TIMESTAMP,
+        finished_at TIMESTAMP,
+        wall_s DOUBLE
+    );
+    CREATE SEQUENCE IF NOT EXISTS tool_call_id_seq START 1;
+    CREATE TABLE IF NOT EXISTS tool_calls (
+        id BIGINT PRIMARY KEY DEFAULT nextval('tool_call_id_seq'),
+        run_id VARCHAR,
+        agent VARCHAR,
+        turn INTEGER,
+        tool VARCHAR,
+        arguments JSON,
+        ok BOOLEAN,
+        result_summary VARCHAR,
+        error VARCHAR,
+        latency_ms DOUBLE,
+        created_at TIMESTAMP
+    );
+    """,
+    # 2: review, per-agent accounting, and the later stages' runs.
+    """
+    ALTER TABLE candidates ADD COLUMN IF NOT EXISTS approved_samples BIGINT;
+    ALTER TABLE candidates ADD COLUMN IF NOT EXISTS note VARCHAR;
+    ALTER TABLE candidates ADD COLUMN IF NOT EXISTS reviewed_at TIMESTAMP;
+    ALTER TABLE datasets ADD COLUMN IF NOT EXISTS task_categories VARCHAR[];
+    ALTER TABLE datasets ADD COLUMN IF NOT EXISTS configs JSON;
+    ALTER TABLE datasets ADD COLUMN IF NOT EXISTS num_bytes BIGINT;
+    CREATE TABLE IF NOT EXISTS scout_agents (
+        run_id VARCHAR,
+        agent VARCHAR,
+        category VARCHAR,
+        turns INTEGER,
+        input_tokens BIGINT,
+        output_tokens BIGINT,
+        candidates INTEGER,
+        errors INTEGER,
+        state VARCHAR,
+        wall_s DOUBLE,
+        error VARCHAR,
+        PRIMARY KEY (run_id, agent)
+    );
+    CREATE TABLE IF NOT EXISTS mixes (
+        mix_id VARCHAR PRIMARY KEY,
+        name VARCHAR,
+        out_dir VARCHAR,
+        rows BIGINT,
+        recipe JSON,
+        manifest JSON,
+        created_at TIMESTAMP
+    );
+    CREATE TABLE IF NOT EXISTS generation_runs (
+        run_id VARCHAR PRIMARY KEY,
+        mix_dir VARCHAR,
+        out_dir VARCHAR,
+        model VARCHAR,
+        endpoints VARCHAR[],
+        stats JSON,
+        created_at TIMESTAMP
+    );
+    CREATE TABLE IF NOT EXISTS training_runs (
+        run_id VARCHAR PRIMARY KEY,
+        out_dir VARCHAR,
+        config JSON,
+        metrics JSON,
+        created_at TIMESTAMP
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_DATASET_COLUMNS = (
+    "author", "sha", "last_modified", "downloads", "likes", "tags", "license", "gated",
+    "size_category", "num_rows", "features", "card_excerpt", "task_categories", "configs", "num_bytes",
+)
+_JSON_COLUMNS = {"features", "configs"}
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def resolve_path(path: str | os.PathLike[str] | None) -> Path:
+    """Return the catalog path: the argument, else $CURATOR_CATALOG, else ./catalog.duckdb."""
+    return Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
+
+
+class Catalog:
+    """A catalog file. Cheap to create; every method opens and closes its own connection."""
+
+    def __init__(self, path: Path, lock_wait_s: float = LOCK_WAIT_S) -> None:
+        self.path = path
+        self.lock_wait_s = lock_wait_s
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | None = None, lock_wait_s: float = LOCK_WAIT_S) -> Catalog:
+        """Return the catalog at `path` (see resolve_path), created and migrated if needed."""
+        catalog = cls(resolve_path(path), lock_wait_s)
+        catalog.migrate()
+        return catalog
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release: connections live only inside each call."""
+
+    # -- connections -----------------------------------------------------------------------
+
+    @contextmanager
+    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Yield a connection inside one transaction; commit on success, roll back on error."""
+        con = self._open_with_wait()
+        try:
+            con.execute("BEGIN TRANSACTION")
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # the failed statement may already have ended the transaction
+            raise
+        finally:
+            con.close()
+
+    def _open_with_wait(self) -> duckdb.DuckDBPyConnection:
+        if self.path.parent and not self.path.parent.exists():
+            raise CatalogError(f"cannot create catalog {self.path}: folder {self.path.parent} does not exist")
+        deadline = time.monotonic() + self.lock_wait_s
+        delay = 0.01
+        while True:
+            try:
+                return duckdb.connect(str(self.path))
+            except duckdb.IOException as exc:
+                message = str(exc)
+                if "lock" not in message.lower():
+                    raise CatalogError(f"cannot open catalog {self.path}: {message}") from exc
+                if time.monotonic() >= deadline:
+                    holder = re.search(r"held in (.+?) \(PID (\d+)\)", message)
+                    who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another process"
+                    raise CatalogLockedError(
+                        f"catalog {self.path} is held open by {who} for more than "
+                        f"{self.lock_wait_s:.0f} s; close that program (e.g. an open duckdb shell) "
+                        f"or point --catalog / ${ENV_VAR} at another file"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except duckdb.Error as exc:
+                raise CatalogError(f"cannot open catalog {self.path}: {exc}") from exc
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """Return the schema version recorded in the file (0 for a new or pre-versioning file)."""
+        with self.connect() as con:
+            return _read_version(con)
+
+    def migrate(self) -> int:
+        """Bring the file to SCHEMA_VERSION; return the version it had before."""
+        with self.connect() as con:
+            con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            before = _read_version(con)
+            if before > SCHEMA_VERSION:
+                raise CatalogError(
+                    f"catalog {self.path} has schema version {before}, newer than this curator "
+                    f"understands ({SCHEMA_VERSION}); upgrade curator"
+                )
+            for version in range(before, SCHEMA_VERSION):
+                con.execute(MIGRATIONS[version])
+            if before != SCHEMA_VERSION:
+                con.execute("DELETE FROM schema_version")
+                con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
+            con.execute(CANDIDATE_SUMMARY_VIEW)
+        return before
+
+    # -- generic SQL -----------------------------------------------------------------------
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one or more statements; return the last one's (columns, rows).
+
+        Statements that return nothing (DDL) give ([], []). DuckDB errors become CatalogError
+        with DuckDB's own one-line message.
+        """
+        try:
+            with self.connect() as con:
+                result = con.execute(sql, params) if params else con.execute(sql)
+                if result.description is None:
+                    return [], []
+                columns = [d[0] for d in result.description]
+                return columns, result.fetchall()
+        except duckdb.Error as exc:
+            first_line = str(exc).strip().splitlines()[0]
+            raise CatalogError(first_line) from exc
+
+    # -- datasets --------------------------------------------------------------------------
+
+    def upsert_dataset(self, info: dict[str, Any]) -> None:
+        """Insert or update one dataset's Hub metadata (keys: dataset_id + any of the columns)."""
+        if not info.get("dataset_id"):
+            raise CatalogError("upsert_dataset needs a dataset_id")
+        cols = [c for c in _DATASET_COLUMNS if c in info]
+        values = [json.dumps(info[c]) if c in _JSON_COLUMNS and info[c] is not None else info[c] for c in cols]
+        placeholders = ", ".join("?" for _ in range(len(cols) + 2))
+        updates = ", ".join(f"{c} = excluded.{c}" for c in [*cols, "fetched_at"])
+        with self.connect() as con:
+            con.execute(
+                f"INSERT INTO datasets (dataset_id, {', '.join(cols)}{', ' if cols else ''}fetched_at) "
+                f"VALUES ({placeholders}) ON CONFLICT (dataset_id) DO UPDATE SET {updates}",
+                [info["dataset_id"], *values, _now()],
+            )
+
+    def dataset(self, dataset_id: str) -> dict[str, Any] | None:
+        """Return one dataset's row as a dict, or None."""
+        return self._one("SELECT * FROM datasets WHERE dataset_id = ?", [dataset_id])
+
+    # -- candidates ------------------------------------------------------------------------
+
+    def add_candidate(
+        self,
+        run_id: str,
+        agent: str,
+        dataset_id: str,
+        category: str,
+        relevance: float,
+        rationale: str,
+        suggested_samples: int,
+    ) -> int:
+        """Record one agent finding as a proposed candidate; return its id."""
+        with self.connect() as con:
+            row = con.execute(
+                "INSERT INTO candidates (run_id, agent, dataset_id, category, relevance, rationale, "
+                "suggested_samples, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'proposed', ?) RETURNING id",
+                [run_id, agent, dataset_id, category, float(relevance), rationale, int(suggested_samples), _now()],
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def candidate(self, candidate_id: int) -> dict[str, Any]:
+        """Return one candidate joined with its dataset's metadata; CatalogError if unknown."""
+        row = self._one(
+            "SELECT c.*, d.license, d.downloads, d.num_rows, d.tags, d.size_category "
+            "FROM candidates c LEFT JOIN datasets d USING (dataset_id) WHERE c.id = ?",
+            [candidate_id],
+        )
+        if row is None:
+            raise CatalogError(f"no candidate with id {candidate_id} (see `curator catalog list`)")
+        return row
+
+    def candidates(self, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Return candidates, best first (relevance, then id), optionally of one status."""
+        sql = "SELECT id, dataset_id, category, relevance, suggested_samples, approved_samples, status, agent, run_id FROM candidates"
+        params: list[Any] = []
+        if status:
+            _check_status(status)
+            sql += " WHERE status = ?"
+            params.append(status)
+        sql += " ORDER BY relevance DESC, id"
+        if limit:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return self._all(sql, params)
+
+    def approve(self, candidate_id: int, samples: int | None = None) -> dict[str, Any]:
+        """Mark a candidate approved (optionally overriding its sample count); return it."""
+        if samples is not None and samples < 0:
+            raise CatalogError(f"--samples must be >= 0, got {samples}")
+        return self._review(candidate_id, "approved", samples=samples)
+
+    def reject(self, candidate_id: int, note: str | None = None) -> dict[str, Any]:
+        """Mark a candidate rejected with an optional note; return it."""
+        return self._review(candidate_id, "rejected", note=note)
+
+    def _review(self, candidate_id: int, status: str, samples: int | None = None, note: str | None = None) -> dict[str, Any]:
+        self.candidate(candidate_id)  # a clear error for an unknown id
+        with self.connect() as con:
+            con.execute(
+                "UPDATE candidates SET status = ?, approved_samples = coalesce(?, approved_samples), "
+                "note = coalesce(?, note), reviewed_at = ? WHERE id = ?",
+                [status, samples, note, _now(), candidate_id],
+            )
+        return self.candidate(candidate_id)
+
+    def approved_candidates(self) -> list[dict[str, Any]]:
+        """Return one entry per approved dataset: dataset_id, category, samples, license, ...
+
+        A dataset approved in several candidate rows (found by several agents) counts once,
+        with the largest approved (else suggested) sample count and its best row's category.
+        """
+        return self._all(
+            """
+            SELECT dataset_id,
+                   arg_max(category, relevance) AS category,
+                   max(coalesce(approved_samples, suggested_samples)) AS samples,
+                   max(relevance) AS relevance,
+                   string_agg(DISTINCT rationale, ' | ') AS rationale,
+                   any_value(d.license) AS license,
+                   any_value(d.num_rows) AS num_rows
+            FROM candidates c LEFT JOIN datasets d USING (dataset_id)
+            WHERE status = 'approved'
+            GROUP BY dataset_id
+            ORDER BY max(relevance) DESC, dataset_id
+            """
+        )
+
+    # -- scout runs ------------------------------------------------------------------------
+
+    def start_scout_run(self, goal: str, planner: str, model: str | None, agents: int) -> str:
+        """Record the start of a scout run; return its id."""
+        run_id = _run_id("scout")
+        with self.connect() as con:
+            con.execute(
+                "INSERT INTO scout_runs (run_id, goal, planner, model, agents, status, input_tokens, "
+                "output_tokens, errors, started_at) VALUES (?, ?, ?, ?, ?, 'running', 0, 0, 0, ?)",
+                [run_id, goal, planner, model, agents, _now()],
+            )
+        return run_id
+
+    def finish_scout_run(
+        self, run_id: str, status: str, input_tokens: int, output_tokens: int, errors: int, wall_s: float
+    ) -> None:
+        """Record how a scout run ended."""
+        with self.connect() as con:
+            con.execute(
+                "UPDATE scout_runs SET status = ?, input_tokens = ?, output_tokens = ?, errors = ?, "
+                "finished_at = ?, wall_s = ? WHERE run_id = ?",
+                [status, input_tokens, output_tokens, errors, _now(), wall_s, run_id],
+            )
+
+    def record_agent(
+        self,
+        run_id: str,
+        agent: str,
+        category: str,
+        turns: int,
+        input_tokens: int,
+        output_tokens: int,
+        candidates: int,
+        errors: int,
+        state: str,
+        wall_s: float,
+        error: str | None = None,
+    ) -> None:
+        """Insert or update one agent's accounting within a scout run."""
+        with self.connect() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO scout_agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, agent, category, turns, input_tokens, output_tokens, candidates, errors, state, wall_s, error],
+            )
+
+    def log_tool_call(
+        self,
+        run_id: str,
+        agent: str,
+        turn: int,
+        tool: str,
+        arguments: dict[str, Any],
+        ok: bool,
+        result_summary: str,
+        error: str | None,
+        latency_ms: float,
+    ) -> None:
+        """Append one agent tool call to the audit log."""
+        self.log_tool_calls([(run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)])
+
+    def log_tool_calls(self, calls: Sequence[tuple[Any, ...]]) -> None:
+        """Append many tool calls in one transaction (the scout's single writer batches them)."""
+        if not calls:
+            return
+        now = _now()
+        rows = [
+            [run_id, agent, turn, tool, json.dumps(arguments, default=str), ok, result_summary, error, latency_ms, now]
+            for (run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms) in calls
+        ]
+        with self.connect() as con:
+            con.executemany(
+                "INSERT INTO tool_calls (run_id, agent, turn, tool, arguments, ok, result_summary, error, "
+                "latency_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    # -- later stages ----------------------------------------------------------------------
+
+    def record_mix(self, name: str, out_dir: str | os.PathLike[str], recipe: dict[str, Any], manifest: dict[str, Any]) -> str:
+        """Record a built mix; return its id."""
+        mix_id = _run_id("mix")
+        rows = manifest.get("total", {}).get("kept") if isinstance(manifest.get("total"), dict) else manifest.get("rows")
+        with self.connect() as con:
+            con.execute(
+                "INSERT INTO mixes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [mix_id, name, str(out_dir), rows, json.dumps(recipe, default=str), json.dumps(manifest, default=str), _now()],
+            )
+        return mix_id
+
+    def record_generation_run(
+        self,
+        run_id: str,
+        mix_dir: str | os.PathLike[str],
+        out_dir: str | os.PathLike[str],
+        model: str,
+        endpoints: Sequence[str],
+        stats: dict[str, Any],
+    ) -> None:
+        """Insert or update one generation run (a resumed run updates its row)."""
+        with self.connect() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO generation_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [run_id, str(mix_dir), str(out_dir), model, list(endpoints), json.dumps(stats, default=str), _now()],
+            )
+
+    def record_training_run(
+        self, run_id: str, out_dir: str | os.PathLike[str], config: dict[str, Any], metrics: dict[str, Any]
+    ) -> None:
+        """Insert or update one training run."""
+        with self.connect() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO training_runs VALUES (?, ?, ?, ?, ?)",
+                [run_id, str(out_dir), json.dumps(config, default=str), json.dumps(metrics, default=str), _now()],
+            )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _all(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        columns, rows = self.query(sql, params)
+        return [dict(zip(columns, row)) for row in rows]
+
+    def _one(self, sql: str, params: Sequence[Any]) -> dict[str, Any] | None:
+        rows = self._all(sql, params)
+        return rows[0] if rows else None
+
+
+# One row per dataset across agents and runs: what a reviewer reads first.
+CANDIDATE_SUMMARY_VIEW = """
+CREATE OR REPLACE VIEW candidate_summary AS
+SELECT c.dataset_id,
+       count(*) AS findings,
+       count(DISTINCT c.agent) AS agents,
+       max(c.relevance) AS best_relevance,
+       arg_max(c.category, c.relevance) AS category,
+       max(c.suggested_samples) AS suggested_samples,
+       bool_or(c.status = 'approved') AS approved,
+       string_agg(c.agent || ': ' || c.rationale, ' | ' ORDER BY c.relevance DESC) AS rationales,
+       any_value(d.license) AS license,
+       any_value(d.downloads) AS downloads,
+       any_value(d.num_rows) AS num_rows
+FROM candidates c LEFT JOIN datasets d USING (dataset_id)
+GROUP BY c.dataset_id
+"""
+
+
+def _read_version(con: duckdb.DuckDBPyConnection) -> int:
+    has_table = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
+    ).fetchone()
+    if not has_table or not has_table[0]:
+        # A file from before versioning still has the version-1 tables.
+        legacy = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'candidates'"
+        ).fetchone()
+        return 1 if legacy and legacy[0] else 0
+    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+    if row and row[0] is not None:
+        return int(row[0])
+    legacy = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'candidates'").fetchone()
+    return 1 if legacy and legacy[0] else 0
+
+
+def _check_status(status: str) -> None:
+    if status not in STATUSES:
+        raise CatalogError(f"unknown status {status!r}; use one of {', '.join(STATUSES)}")
+
+
+def _run_id(kind: str) -> str:
+    return f"{kind}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"

@@ -1,0 +1,122 @@
+"""`curator sql` and `curator catalog list|show|approve|reject`: review the scouts' findings."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from datetime import date, datetime
+from decimal import Decimal
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from curator.catalog import Catalog
+from curator.ui import console, rows_table, stdout, summary_table
+
+CatalogOption = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb).")
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def sql(
+    statement: str = typer.Argument(..., help="Any SQL: SELECT, UPDATE, or a query over parquet files."),
+    format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table, csv or json."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """Run a SQL statement against the catalog and print its result."""
+    columns, rows = Catalog.open(catalog).query(statement)
+    if not columns:
+        console.print("[green]ok[/]")
+        return
+    write_rows(columns, rows, format)
+
+
+def write_rows(columns: list[str], rows: list[tuple[Any, ...]], format: OutputFormat) -> None:
+    """Print query results to stdout as a rich table, CSV or JSON (one array of objects)."""
+    if format is OutputFormat.csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([[_plain(v) for v in row] for row in rows])
+    elif format is OutputFormat.json:
+        sys.stdout.write(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], indent=1) + "\n")
+    else:
+        stdout.print(rows_table(columns, rows))
+        console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}")
+
+
+def _plain(value: Any) -> Any:
+    """Return a JSON/CSV-friendly form of a DuckDB value."""
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+catalog_app = typer.Typer(help="Review candidate datasets: list, show, approve, reject.", no_args_is_help=True)
+
+
+@catalog_app.command("list")
+def list_candidates(
+    status: Optional[str] = typer.Option(None, help="Only this status: proposed, approved or rejected."),
+    limit: int = typer.Option(50, help="At most this many rows."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """List candidates, most relevant first."""
+    rows = Catalog.open(catalog).candidates(status=status, limit=limit)
+    columns = ["id", "dataset_id", "category", "relevance", "suggested_samples", "approved_samples", "status", "agent"]
+    stdout.print(rows_table(columns, [[r[c] for c in columns] for r in rows], title="candidates"))
+
+
+@catalog_app.command("show")
+def show(candidate_id: int = typer.Argument(..., help="Candidate id."), catalog: Optional[Path] = CatalogOption) -> None:
+    """Show one candidate with its dataset's metadata and every agent's rationale for it."""
+    cat = Catalog.open(catalog)
+    row = cat.candidate(candidate_id)
+    stdout.print(summary_table(f"candidate {candidate_id}", [(k, _plain(v)) for k, v in row.items()]))
+    columns, others = cat.query(
+        "SELECT id, agent, relevance, status, rationale FROM candidates WHERE dataset_id = ? AND id <> ? ORDER BY relevance DESC",
+        [row["dataset_id"], candidate_id],
+    )
+    if others:
+        stdout.print(rows_table(columns, others, title=f"other findings of {row['dataset_id']}"))
+
+
+@catalog_app.command("approve")
+def approve(
+    candidate_id: int = typer.Argument(..., help="Candidate id."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Override the suggested sample count."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """Approve a candidate for the mix."""
+    row = Catalog.open(catalog).approve(candidate_id, samples)
+    n = row["approved_samples"] if row["approved_samples"] is not None else row["suggested_samples"]
+    console.print(f"[green]approved[/] {candidate_id} {row['dataset_id']} ({n:,} samples)")
+
+
+@catalog_app.command("reject")
+def reject(
+    candidate_id: int = typer.Argument(..., help="Candidate id."),
+    note: Optional[str] = typer.Option(None, "--note", help="Why, for the next reviewer."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """Reject a candidate."""
+    row = Catalog.open(catalog).reject(candidate_id, note)
+    console.print(f"[yellow]rejected[/] {candidate_id} {row['dataset_id']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `sql` and `catalog` to the CLI."""
+    app.command("sql")(sql)
+    app.add_typer(catalog_app, name="catalog")

@@ -1,0 +1,184 @@
+"""The catalog: schema and migrations, review round trips, SQL from the CLI, and sharing the
+file between processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from curator.catalog import MIGRATIONS, SCHEMA_VERSION, Catalog
+from curator.cli import main
+from curator.errors import CatalogError, CatalogLockedError
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    return Catalog.open(tmp_path / "catalog.duckdb")
+
+
+def _tables(path: Path) -> set[str]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    finally:
+        con.close()
+
+
+def test_first_use_creates_every_table(tmp_path: Path) -> None:
+    path = tmp_path / "new.duckdb"
+    cat = Catalog.open(path)
+    assert cat.schema_version() == SCHEMA_VERSION
+    assert {"datasets", "candidates", "scout_runs", "tool_calls", "scout_agents", "mixes",
+            "generation_runs", "training_runs", "candidate_summary"} <= _tables(path)
+
+
+def test_old_file_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    # A version-1 file as an earlier curator wrote it: no schema_version table, no review columns.
+    con = duckdb.connect(str(path))
+    con.execute(MIGRATIONS[0])
+    con.execute(
+        "INSERT INTO candidates (run_id, agent, dataset_id, category, relevance, rationale, suggested_samples, status) "
+        "VALUES ('r1', 'coding', 'ise-uiuc/Magicoder-Evol-Instruct-110K', 'code', 0.8, 'evol code', 20000, 'proposed')"
+    )
+    con.close()
+
+    cat = Catalog.open(path)
+    assert cat.schema_version() == SCHEMA_VERSION
+    [row] = cat.candidates()
+    assert row["dataset_id"] == "ise-uiuc/Magicoder-Evol-Instruct-110K"
+    assert cat.approve(row["id"], samples=5000)["approved_samples"] == 5000
+    # Opening again changes nothing (idempotent).
+    assert Catalog.open(path).migrate() == SCHEMA_VERSION
+    assert len(Catalog.open(path).candidates()) == 1
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.duckdb"
+    Catalog.open(path).query("UPDATE schema_version SET version = 99")
+    with pytest.raises(CatalogError, match="newer"):
+        Catalog.open(path)
+
+
+def test_approve_reject_round_trip(catalog: Catalog) -> None:
+    catalog.upsert_dataset({"dataset_id": "nebius/SWE-agent-trajectories", "license": "cc-by-4.0", "num_rows": 80036})
+    first = catalog.add_candidate("run", "agentic", "nebius/SWE-agent-trajectories", "agentic", 0.95, "real SWE runs", 10000)
+    second = catalog.add_candidate("run", "eagle", "nebius/SWE-agent-trajectories", "agentic", 0.7, "long tool use", 4000)
+    third = catalog.add_candidate("run", "chat", "HuggingFaceH4/ultrachat_200k", "chat", 0.6, "chat", 25000)
+
+    assert main(["catalog", "approve", str(first), "--samples", "12000", "--catalog", str(catalog.path)]) == 0
+    assert main(["catalog", "approve", str(second), "--catalog", str(catalog.path)]) == 0
+    assert main(["catalog", "reject", str(third), "--note", "no license check", "--catalog", str(catalog.path)]) == 0
+
+    assert catalog.candidate(third)["status"] == "rejected"
+    assert catalog.candidate(third)["note"] == "no license check"
+    approved = catalog.approved_candidates()
+    assert [a["dataset_id"] for a in approved] == ["nebius/SWE-agent-trajectories"]
+    assert approved[0]["samples"] == 12000 and approved[0]["license"] == "cc-by-4.0"
+
+    # Re-opening the review: reject what was approved.
+    catalog.reject(first)
+    catalog.reject(second)
+    assert catalog.approved_candidates() == []
+
+
+def test_unknown_candidate_is_a_one_line_error(catalog: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["catalog", "approve", "424242", "--catalog", str(catalog.path)]) == 1
+    err = capsys.readouterr().err
+    assert "no candidate with id 424242" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sql_bad_statement_names_the_error(catalog: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sql", "SELEC * FROM candidates", "--catalog", str(catalog.path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "syntax error" in err.lower() and len(err.splitlines()) == 1
+    assert main(["sql", "SELECT * FROM no_such_table", "--catalog", str(catalog.path)]) == 1
+    assert "no_such_table" in capsys.readouterr().err
+
+
+def test_sql_update_then_csv_and_json(catalog: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    cid = catalog.add_candidate("run", "reasoning", "open-r1/Mixture-of-Thoughts", "reasoning", 0.9, "traces", 25000)
+    path = str(catalog.path)
+    assert main(["sql", "UPDATE candidates SET status='approved' WHERE relevance > 0.8", "--catalog", path]) == 0
+    capsys.readouterr()
+    assert main(["sql", "SELECT id, status FROM candidates", "--format", "csv", "--catalog", path]) == 0
+    assert capsys.readouterr().out.splitlines() == ["id,status", f"{cid},approved"]
+    assert main(["sql", "SELECT dataset_id, created_at FROM candidates", "--format", "json", "--catalog", path]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["dataset_id"] == "open-r1/Mixture-of-Thoughts" and isinstance(row["created_at"], str)
+
+
+def test_sql_queries_parquet_files(tmp_path: Path, catalog: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "category": ["code", "code", "chat"]}), tmp_path / "part-0.parquet")
+    sql = f"SELECT category, count(*) AS n FROM '{tmp_path}/*.parquet' GROUP BY category ORDER BY category"
+    assert main(["sql", sql, "--format", "csv", "--catalog", str(catalog.path)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["category,n", "chat,1", "code,2"]
+
+
+def test_writes_are_parameterised(catalog: Catalog) -> None:
+    hostile = "x'); DROP TABLE candidates; --"
+    cid = catalog.add_candidate("run", "a", hostile, "code", 0.5, hostile, 1)
+    assert catalog.candidate(cid)["dataset_id"] == hostile
+    catalog.upsert_dataset({"dataset_id": hostile, "card_excerpt": hostile, "features": {"q": hostile}})
+    assert catalog.dataset(hostile)["card_excerpt"] == hostile
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from curator.catalog import Catalog
+    cat = Catalog.open(sys.argv[1])
+    end = time.monotonic() + float(sys.argv[2])
+    n = 0
+    while time.monotonic() < end:
+        cat.add_candidate("run", "writer", f"ds/{n}", "code", 0.5, "busy writer", 1)
+        n += 1
+    print(n)
+    """
+)
+
+
+def test_readers_run_while_another_process_keeps_writing(catalog: Catalog) -> None:
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(catalog.path), "3"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        seen = []
+        while writer.poll() is None:
+            _, rows = Catalog.open(catalog.path).query("SELECT count(*) FROM candidates")
+            seen.append(rows[0][0])
+        written = int(writer.communicate()[0])
+    finally:
+        writer.kill()
+    assert len(seen) >= 3 and seen == sorted(seen)
+    assert Catalog.open(catalog.path).query("SELECT count(*) FROM candidates")[1][0][0] == written
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time, duckdb
+    con = duckdb.connect(sys.argv[1])
+    print("holding", flush=True)
+    time.sleep(30)
+    """
+)
+
+
+def test_catalog_held_open_by_another_program_says_so(catalog: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(catalog.path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        with pytest.raises(CatalogLockedError, match=f"PID {holder.pid}"):
+            Catalog(catalog.path, lock_wait_s=0.3).query("SELECT 1")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert Catalog.open(catalog.path).query("SELECT 1")[1] == [(1,)]

@@ -1,0 +1,189 @@
+"""The hidden-state store: what goes in comes out, across shards, sessions, dtypes and crashes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.errors import StoreError
+from training.store import (
+    HiddenStateSample,
+    HiddenStateStore,
+    StoreMeta,
+    StoreWriter,
+    bytes_per_token,
+    dequantize_fp8,
+    merge_index,
+    quantize_fp8,
+)
+
+H = 16
+
+
+def meta(dtype: str = "bf16", has_final: bool = True) -> StoreMeta:
+    return StoreMeta(target="tiny", hidden_size=H, num_layers=8, vocab_size=100, aux_layer_ids=[2, 4, 5],
+                     dtype=dtype, has_final=has_final)
+
+
+def sample(i: int, length: int | None = None, scale: float = 1.0) -> HiddenStateSample:
+    g = torch.Generator().manual_seed(i)
+    t = length or 3 + i % 7
+    return HiddenStateSample(
+        id=f"s{i}",
+        input_ids=torch.randint(0, 100, (t,), generator=g),
+        loss_mask=torch.rand(t, generator=g) > 0.5,
+        aux=(torch.randn(t, 3 * H, generator=g) * scale).to(torch.bfloat16),
+        final=torch.randn(t, H, generator=g).to(torch.bfloat16),
+        category=f"cat{i % 2}",
+    )
+
+
+def test_samples_read_back_exactly_across_many_shards(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, meta(), shard_max_bytes=4000) as w:
+        for i in range(20):
+            assert w.add(sample(i))
+    assert len(list((tmp_path / "shards").glob("*.safetensors"))) > 3
+    store = HiddenStateStore.open(tmp_path)
+    assert store.ids() == [f"s{i}" for i in range(20)]
+    for i in (0, 7, 19):
+        want, got = sample(i), store[f"s{i}"]
+        assert torch.equal(got.input_ids, want.input_ids) and got.input_ids.dtype == torch.long
+        assert torch.equal(got.loss_mask, want.loss_mask)
+        assert torch.equal(got.aux, want.aux) and got.aux.dtype == torch.bfloat16
+        assert torch.equal(got.final, want.final)
+        assert got.category == want.category and store.length(f"s{i}") == len(want)
+    assert [s.id for s in store] == store.ids()
+    assert store.meta.aux_layer_ids == [2, 4, 5] and store.meta.layer_convention == "sglang-input"
+
+
+def test_resume_appends_and_skips_what_is_already_stored(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, meta(), shard_max_bytes=10**9) as w:
+        for i in range(5):
+            w.add(sample(i))
+    with StoreWriter(tmp_path, meta()) as w:
+        assert w.done_ids() == {f"s{i}" for i in range(5)}
+        assert not w.add(sample(2))  # already stored: not duplicated
+        for i in range(5, 8):
+            w.add(sample(i))
+    store = HiddenStateStore.open(tmp_path)
+    assert store.ids() == [f"s{i}" for i in range(8)]
+
+
+def test_crash_before_index_write_loses_only_unindexed_samples(tmp_path: Path) -> None:
+    w = StoreWriter(tmp_path, meta(), shard_max_bytes=10**9)
+    w.add(sample(0))
+    w.flush()
+    w.add(sample(1))  # buffered, never flushed: the process "dies" here
+    del w
+    (tmp_path / "shards" / ".orphan.safetensors.tmp").write_bytes(b"half a shard")
+    store = HiddenStateStore.open(tmp_path)
+    assert store.ids() == ["s0"]
+    with StoreWriter(tmp_path, meta()) as w2:
+        assert w2.done_ids() == {"s0"}
+        w2.add(sample(1))
+    assert HiddenStateStore.open(tmp_path).ids() == ["s0", "s1"]
+
+
+def test_nonfinite_samples_are_skipped_counted_and_not_retried(tmp_path: Path) -> None:
+    bad = sample(3)
+    bad.aux[1, 5] = float("nan")
+    worse = sample(4)
+    worse.final[0, 0] = float("inf")
+    with StoreWriter(tmp_path, meta()) as w:
+        assert w.add(sample(1))
+        assert not w.add(bad)
+        assert not w.add(worse)
+        assert w.skipped_nonfinite == 2
+    store = HiddenStateStore.open(tmp_path)
+    assert store.ids() == ["s1"]
+    assert set(store.skipped) == {"s3", "s4"}
+    with StoreWriter(tmp_path, meta()) as w:
+        assert {"s3", "s4"} <= w.done_ids()
+
+
+def test_fp8_halves_bytes_and_round_trip_error_is_bounded(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path / "bf16", meta("bf16")) as w:
+        for i in range(6):
+            w.add(sample(i, length=64, scale=10.0 ** (i % 3)))
+    with StoreWriter(tmp_path / "fp8", meta("fp8")) as w:
+        for i in range(6):
+            w.add(sample(i, length=64, scale=10.0 ** (i % 3)))
+    b16, f8 = HiddenStateStore.open(tmp_path / "bf16"), HiddenStateStore.open(tmp_path / "fp8")
+    assert f8.disk_bytes() < 0.7 * b16.disk_bytes()  # scales cost 4 B per 16-wide row here
+    for sid in f8.ids():
+        exact, approx = b16[sid], f8[sid]
+        assert approx.aux.dtype == torch.bfloat16
+        assert torch.equal(approx.input_ids, exact.input_ids)
+        # e4m3 keeps 3 mantissa bits: relative error per element <= 2^-4 of the row's absmax scale.
+        for a, e in ((approx.aux, exact.aux), (approx.final, exact.final)):
+            rows_e = e.float().reshape(e.shape[0], -1, H)
+            rows_a = a.float().reshape(a.shape[0], -1, H)
+            amax = rows_e.abs().amax(-1, keepdim=True)
+            assert ((rows_a - rows_e).abs() <= amax * 2**-4 + 1e-6).all()
+            rel = (rows_a - rows_e).norm() / rows_e.norm()
+            assert rel < 0.05
+
+
+def test_fp8_rows_of_zeros_stay_zero() -> None:
+    x = torch.zeros(4, 3 * H)
+    q, s = quantize_fp8(x, 3)
+    assert torch.equal(dequantize_fp8(q, s).float(), x)
+
+
+def test_parallel_writers_merge_into_one_index(tmp_path: Path) -> None:
+    writers = [StoreWriter(tmp_path, meta(), writer_id=f"r{r}") for r in range(3)]
+    for i in range(12):
+        writers[i % 3].add(sample(i))
+    for w in writers:
+        w.close()
+    assert len(list((tmp_path / "index-parts").glob("*.json"))) == 3
+    assert merge_index(tmp_path) == 12
+    assert not list((tmp_path / "index-parts").glob("*.json"))
+    store = HiddenStateStore.open(tmp_path)
+    assert sorted(store.ids()) == sorted(f"s{i}" for i in range(12))
+    assert torch.equal(store["s7"].aux, sample(7).aux)
+
+
+def test_reopening_with_other_layers_or_dtype_is_refused(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, meta()) as w:
+        w.add(sample(0))
+    with pytest.raises(StoreError, match="dtype"):
+        StoreWriter(tmp_path, meta("fp8"))
+    other = meta()
+    other.aux_layer_ids = [1, 2, 3]
+    with pytest.raises(StoreError, match="aux_layer_ids"):
+        StoreWriter(tmp_path, other)
+
+
+def test_store_without_final_state_and_wrong_shapes(tmp_path: Path) -> None:
+    with StoreWriter(tmp_path, meta(has_final=False)) as w:
+        s = sample(0)
+        s.final = None
+        w.add(s)
+        with pytest.raises(StoreError, match="do not fit"):
+            w.add(HiddenStateSample("bad", torch.arange(4), torch.ones(4, dtype=torch.bool), torch.zeros(4, H)))
+    assert HiddenStateStore.open(tmp_path)["s0"].final is None
+
+
+def test_meta_json_records_what_a_reader_needs(tmp_path: Path) -> None:
+    m = meta("fp8")
+    m.tokenizer_sha256 = "abc"
+    with StoreWriter(tmp_path, m) as w:
+        w.add(sample(0))
+    data = json.loads((tmp_path / "meta.json").read_text())
+    assert data["aux_layer_ids"] == [2, 4, 5] and data["dtype"] == "fp8" and data["tokenizer_sha256"] == "abc"
+    assert HiddenStateStore.open(tmp_path).meta == m
+
+
+def test_opening_a_missing_store_says_what_to_run(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="curator hidden-states"):
+        HiddenStateStore.open(tmp_path)
+
+
+def test_bytes_per_token_counts_aux_final_and_scales() -> None:
+    assert bytes_per_token(4096, 3, "bf16", False) == 3 * 4096 * 2 + 5
+    assert bytes_per_token(4096, 3, "bf16", True) == 4 * 4096 * 2 + 5
+    assert bytes_per_token(4096, 3, "fp8", True) == 4 * (4096 + 4) + 5

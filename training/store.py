@@ -1,0 +1,445 @@
+"""The hidden-state store: many samples per safetensors shard, a JSON index, and meta.json.
+
+Layout of a store directory:
+
+    meta.json                    StoreMeta (target, widths, layer ids and their convention, dtype, hashes)
+    index.json                   merged index: {"samples": {id: entry}, "skipped": {id: reason}}
+    index-parts/<writer>.json    one per writer session (a torchrun rank, a resumed run), same shape;
+                                 readers merge index.json with every part, so an unmerged store is readable
+    shards/<writer>-00000.safetensors
+
+A shard holds its samples concatenated along the token axis, so its header stays small whatever
+the sample count:
+
+    input_ids  int32 [N]          loss_mask bool [N]
+    aux        bf16|fp8 [N, 3H]   aux_scale  float32 [N, 3]   (fp8 only)
+    final      bf16|fp8 [N, H]    final_scale float32 [N, 1]  (fp8 only; final only when has_final)
+
+An index entry is {"shard", "offset", "length", "category"}: the sample's rows are
+[offset, offset + length) of every tensor in that shard.
+
+fp8 is float8_e4m3fn with one float32 scale per token and captured layer (each H-wide row is scaled
+by its own absmax / 448; layers differ in magnitude by orders, so one scale across the three would
+waste the low layer's precision). Samples are dequantised to bf16 on read.
+
+Writes are crash-safe: a shard is written under a temporary name and renamed, then the writer's
+index part is rewritten the same way. A crash between the two leaves an unindexed shard, whose
+samples are simply captured again on resume; nothing half-written is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from training.errors import StoreError
+
+FORMAT = "curator-hidden-states/1"
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+DTYPES = ("bf16", "fp8")
+# Fields that must agree when a writer reopens a store: mixing them would make samples incomparable.
+COMPATIBLE_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "aux_layer_ids",
+    "layer_convention",
+    "dtype",
+    "has_final",
+    "chat_template_sha256",
+    "tokenizer_sha256",
+)
+
+
+@dataclass
+class StoreMeta:
+    """What a store holds and how it was made (written to meta.json)."""
+
+    target: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    aux_layer_ids: list[int]
+    layer_convention: str = "sglang-input"  # aux id L = input of layer L = hidden_states[L] in HF
+    dtype: str = "bf16"
+    has_final: bool = True
+    chat_template_sha256: str = ""
+    tokenizer_sha256: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise StoreError(f"store dtype must be one of {DTYPES}, not {self.dtype!r}")
+        self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+
+    @property
+    def aux_width(self) -> int:
+        """Return the width of the stored aux row (n_aux_layers * hidden_size)."""
+        return len(self.aux_layer_ids) * self.hidden_size
+
+    def bytes_per_token(self) -> int:
+        """Return the bytes one stored token costs (hidden rows + scales + ids + mask)."""
+        return bytes_per_token(self.hidden_size, len(self.aux_layer_ids), self.dtype, self.has_final)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return meta.json's content."""
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StoreMeta:
+        """Return the meta read from meta.json's content (unknown keys go to `extra`)."""
+        data = dict(data)
+        fmt = data.pop("format", None)
+        if fmt != FORMAT:
+            raise StoreError(f"meta.json has format {fmt!r}, expected {FORMAT!r}: not a store written by this toolkit")
+        known = set(cls.__dataclass_fields__)
+        extra = dict(data.pop("extra", {}) or {})
+        extra.update({k: v for k, v in data.items() if k not in known})
+        return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
+
+
+def bytes_per_token(hidden_size: int, n_aux: int, dtype: str, has_final: bool) -> int:
+    """Return the stored bytes per token: hidden rows, fp8 scales, int32 id and bool mask."""
+    rows = n_aux + (1 if has_final else 0)
+    per_row = hidden_size * (1 if dtype == "fp8" else 2) + (4 if dtype == "fp8" else 0)
+    return rows * per_row + 4 + 1
+
+
+@dataclass
+class HiddenStateSample:
+    """One captured sample: token ids, loss mask, aux states [T, n_aux*H] and the final state [T, H]."""
+
+    id: str
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    aux: torch.Tensor
+    final: torch.Tensor | None = None
+    category: str = ""
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def is_finite(self) -> bool:
+        """Return False when any captured state holds NaN or inf."""
+        if not bool(torch.isfinite(self.aux).all()):
+            return False
+        return self.final is None or bool(torch.isfinite(self.final).all())
+
+
+def quantize_fp8(x: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (fp8 values [T, n_rows*H], float32 scales [T, n_rows]) for x [T, n_rows*H]."""
+    t = x.shape[0]
+    rows = x.float().reshape(t, n_rows, -1)
+    amax = rows.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (rows / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(t, -1), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Return bf16 values [T, n_rows*H] from fp8 values and their per-row float32 scales."""
+    t, n_rows = scale.shape
+    rows = q.float().reshape(t, n_rows, -1) * scale.unsqueeze(-1)
+    return rows.reshape(t, -1).to(torch.bfloat16)
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` through a temporary file in the same directory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{path} is not valid JSON ({exc}); restore it or delete the store and capture again") from exc
+
+
+def read_index(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Return (samples: id -> entry, skipped: id -> reason) merged over index.json and every part.
+
+    Parts are read in name order (writer names start with a timestamp), and the first entry for
+    an id wins, so the order of samples is the order they were captured in.
+    """
+    samples: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    files = []
+    if (root / "index.json").exists():
+        files.append(root / "index.json")
+    parts = root / "index-parts"
+    if parts.is_dir():
+        files.extend(sorted(p for p in parts.glob("*.json") if not p.name.startswith(".")))
+    for path in files:
+        data = _read_json(path)
+        for sid, entry in data.get("samples", {}).items():
+            samples.setdefault(sid, entry)
+        for sid, reason in data.get("skipped", {}).items():
+            skipped.setdefault(sid, reason)
+    for sid in samples:
+        skipped.pop(sid, None)
+    return samples, skipped
+
+
+def merge_index(path: str | Path) -> int:
+    """Fold every index part into index.json (atomically) and remove the parts; return the sample count.
+
+    Call it only while no writer is running on the store (torchrun: after the final barrier, rank 0).
+    """
+    root = Path(path)
+    samples, skipped = read_index(root)
+    atomic_write_json(root / "index.json", {"samples": samples, "skipped": skipped})
+    parts = root / "index-parts"
+    if parts.is_dir():
+        for p in parts.glob("*.json"):
+            p.unlink(missing_ok=True)
+    return len(samples)
+
+
+def _check_compatible(existing: StoreMeta, new: StoreMeta, root: Path) -> None:
+    diffs = [
+        f"{name}: store has {getattr(existing, name)!r}, this run {getattr(new, name)!r}"
+        for name in COMPATIBLE_FIELDS
+        if getattr(existing, name) != getattr(new, name)
+    ]
+    if diffs:
+        raise StoreError(
+            f"{root} already holds hidden states captured differently ({'; '.join(diffs)}); "
+            "use another --out directory or the same settings"
+        )
+
+
+class StoreWriter:
+    """Appends samples to a store, many per shard; resumable; safe to run one per torchrun rank.
+
+    Each writer session writes its own shards and its own index part, so ranks never touch each
+    other's files. `done_ids()` covers everything any earlier session stored or skipped.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        meta: StoreMeta,
+        shard_max_bytes: int = 512 * 1024**2,
+        writer_id: str | None = None,
+    ) -> None:
+        self.root = Path(out_dir)
+        self.meta = meta
+        self.shard_max_bytes = int(shard_max_bytes)
+        # Sessions sort by start time (microseconds), which keeps the store's order = capture order.
+        now = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1e6) % 1_000_000:06d}"
+        self.writer_id = f"{stamp}-{writer_id or 'w'}-{uuid.uuid4().hex[:6]}"
+        (self.root / "shards").mkdir(parents=True, exist_ok=True)
+        (self.root / "index-parts").mkdir(parents=True, exist_ok=True)
+        meta_path = self.root / "meta.json"
+        if meta_path.exists():
+            _check_compatible(StoreMeta.from_json(_read_json(meta_path)), meta, self.root)
+        else:
+            # Ranks may race here; they all write the same content, and os.replace is atomic.
+            atomic_write_json(meta_path, meta.to_json())
+        stored, skipped = read_index(self.root)
+        self._done: set[str] = set(stored) | set(skipped)
+        self._samples: dict[str, dict[str, Any]] = {}
+        self._skipped: dict[str, str] = {}
+        self._buffer: list[HiddenStateSample] = []
+        self._buffer_bytes = 0
+        self._shard_no = 0
+        self.stored = 0
+        self.stored_tokens = 0
+        self.skipped_nonfinite = 0
+        self.bytes_written = 0
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Samples in the buffer are complete, so they are kept even when the run is failing.
+        self.close()
+
+    def done_ids(self) -> set[str]:
+        """Return the ids already stored or skipped (by any session), so a resumed run skips them."""
+        return set(self._done)
+
+    def add(self, sample: HiddenStateSample) -> bool:
+        """Buffer one sample for the current shard; return False when it was skipped (NaN/inf, duplicate)."""
+        if sample.id in self._done:
+            return False
+        self._validate(sample)
+        self._done.add(sample.id)
+        if not sample.is_finite():
+            self.skipped_nonfinite += 1
+            self._skipped[sample.id] = "non-finite hidden state (NaN or inf)"
+            self._write_index()
+            return False
+        self._buffer.append(sample)
+        self._buffer_bytes += len(sample) * self.meta.bytes_per_token()
+        if self._buffer_bytes >= self.shard_max_bytes:
+            self.flush()
+        return True
+
+    def _validate(self, s: HiddenStateSample) -> None:
+        t = len(s)
+        want_aux = (t, self.meta.aux_width)
+        if tuple(s.aux.shape) != want_aux or s.loss_mask.shape[0] != t:
+            raise StoreError(
+                f"sample {s.id!r}: aux {tuple(s.aux.shape)} / mask {tuple(s.loss_mask.shape)} do not fit "
+                f"{t} tokens x {len(self.meta.aux_layer_ids)} layers x hidden {self.meta.hidden_size}"
+            )
+        if self.meta.has_final and (s.final is None or tuple(s.final.shape) != (t, self.meta.hidden_size)):
+            raise StoreError(f"sample {s.id!r}: the store keeps the final hidden state [T, H] but the sample has none")
+
+    def flush(self) -> None:
+        """Write the buffered samples as one shard, then the index part; both atomically."""
+        if not self._buffer:
+            return
+        meta = self.meta
+        tensors: dict[str, torch.Tensor] = {
+            "input_ids": torch.cat([s.input_ids.reshape(-1).to(torch.int32) for s in self._buffer]),
+            "loss_mask": torch.cat([s.loss_mask.reshape(-1).to(torch.bool) for s in self._buffer]),
+        }
+        aux = torch.cat([s.aux.detach().cpu() for s in self._buffer])
+        finals = torch.cat([s.final.detach().cpu() for s in self._buffer]) if meta.has_final else None
+        if meta.dtype == "fp8":
+            tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux, len(meta.aux_layer_ids))
+            if finals is not None:
+                tensors["final"], tensors["final_scale"] = quantize_fp8(finals, 1)
+        else:
+            tensors["aux"] = aux.to(torch.bfloat16)
+            if finals is not None:
+                tensors["final"] = finals.to(torch.bfloat16)
+        name = f"{self.writer_id}-{self._shard_no:05d}.safetensors"
+        path = self.root / "shards" / name
+        tmp = path.with_name(f".{name}.tmp")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self.bytes_written += path.stat().st_size
+        offset = 0
+        for s in self._buffer:
+            self._samples[s.id] = {"shard": name, "offset": offset, "length": len(s), "category": s.category}
+            offset += len(s)
+            self.stored += 1
+            self.stored_tokens += len(s)
+        self._shard_no += 1
+        self._buffer = []
+        self._buffer_bytes = 0
+        self._write_index()
+
+    def _write_index(self) -> None:
+        atomic_write_json(
+            self.root / "index-parts" / f"{self.writer_id}.json",
+            {"samples": self._samples, "skipped": self._skipped},
+        )
+
+    def close(self) -> None:
+        """Flush what is buffered."""
+        self.flush()
+
+
+class HiddenStateStore:
+    """Read access to a store: ids in capture order, samples by id, dequantised to bf16."""
+
+    def __init__(self, root: Path, meta: StoreMeta, entries: dict[str, dict[str, Any]], skipped: dict[str, str]):
+        self.root = root
+        self.meta = meta
+        self._entries = entries
+        self._ids = list(entries)
+        self.skipped = skipped
+        self._handles: OrderedDict[str, Any] = OrderedDict()
+
+    @classmethod
+    def open(cls, path: str | Path) -> HiddenStateStore:
+        """Return the store at `path` (index.json merged with any unmerged parts)."""
+        root = Path(path)
+        meta_path = root / "meta.json"
+        if not meta_path.exists():
+            raise StoreError(f"{root} is not a hidden-state store (no meta.json); run `curator hidden-states` first")
+        meta = StoreMeta.from_json(_read_json(meta_path))
+        entries, skipped = read_index(root)
+        return cls(root, meta, entries, skipped)
+
+    def ids(self) -> list[str]:
+        """Return the stored sample ids in index order."""
+        return list(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, sid: object) -> bool:
+        return sid in self._entries
+
+    def length(self, sid: str) -> int:
+        """Return the token count of sample `sid` without reading its tensors."""
+        return int(self._entries[sid]["length"])
+
+    def category(self, sid: str) -> str:
+        """Return the category recorded for sample `sid`."""
+        return str(self._entries[sid].get("category", ""))
+
+    def total_tokens(self) -> int:
+        """Return the number of tokens over all stored samples."""
+        return sum(int(e["length"]) for e in self._entries.values())
+
+    def _handle(self, shard: str) -> Any:
+        h = self._handles.get(shard)
+        if h is None:
+            path = self.root / "shards" / shard
+            if not path.exists():
+                raise StoreError(f"shard {path} named in the index is missing; the store was copied incompletely")
+            h = safe_open(str(path), framework="pt")
+            self._handles[shard] = h
+            if len(self._handles) > 16:  # bound open files on stores with thousands of shards
+                self._handles.popitem(last=False)
+        else:
+            self._handles.move_to_end(shard)
+        return h
+
+    def __getitem__(self, sid: str) -> HiddenStateSample:
+        entry = self._entries.get(sid)
+        if entry is None:
+            raise KeyError(sid)
+        h = self._handle(entry["shard"])
+        lo, hi = int(entry["offset"]), int(entry["offset"]) + int(entry["length"])
+
+        def rows(key: str) -> torch.Tensor:
+            return h.get_slice(key)[lo:hi]
+
+        if self.meta.dtype == "fp8":
+            aux = dequantize_fp8(rows("aux"), rows("aux_scale"))
+            final = dequantize_fp8(rows("final"), rows("final_scale")) if self.meta.has_final else None
+        else:
+            aux = rows("aux")
+            final = rows("final") if self.meta.has_final else None
+        return HiddenStateSample(
+            id=sid,
+            input_ids=rows("input_ids").to(torch.long),
+            loss_mask=rows("loss_mask").to(torch.bool),
+            aux=aux,
+            final=final,
+            category=str(entry.get("category", "")),
+        )
+
+    def __iter__(self) -> Iterator[HiddenStateSample]:
+        for sid in self._ids:
+            yield self[sid]
+
+    def disk_bytes(self) -> int:
+        """Return the bytes the store's shards take on disk."""
+        return sum(p.stat().st_size for p in (self.root / "shards").glob("*.safetensors"))
+
