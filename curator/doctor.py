@@ -353,12 +353,15 @@ def default_layer_ids(num_layers: int) -> list[int]:
 
 def check_store(layout: DraftLayout, store_meta: Any) -> list[Check]:
     """Return checks that the draft's layer ids and sizes match the hidden-state store it was trained on."""
+    from training.errors import ModelMismatchError
+    from training.export import sglang_layer_ids
+
     checks: list[Check] = []
-    ids = [int(i) for i in store_meta.aux_layer_ids]
-    convention = getattr(store_meta, "layer_convention", "sglang-input")
-    if convention != "sglang-input":
-        # Other tools record outputs of layers; output of layer i is the input of layer i+1.
-        ids = [i + 1 for i in ids]
+    try:
+        # stores may record outputs of layers; the export and the server speak of inputs
+        ids = sglang_layer_ids(list(store_meta.aux_layer_ids), store_meta.layer_convention)
+    except ModelMismatchError as exc:
+        return [Check("layer ids vs data", "error", str(exc))]
     draft_ids = layout.aux_layer_ids
     if draft_ids is None:
         checks.append(Check("layer ids vs data", "warn",

@@ -209,7 +209,12 @@ class AnthropicClient:
             kwargs["api_key"] = api_key
         if base_url:
             kwargs["base_url"] = base_url
-        self._client = anthropic.AsyncAnthropic(**kwargs)
+        try:
+            self._client = anthropic.AsyncAnthropic(**kwargs)
+        except (anthropic.AnthropicError, ValueError, OSError) as exc:
+            # e.g. a profile named by ANTHROPIC_PROFILE whose file is missing or unreadable
+            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise LLMError(f"{MISSING_KEY_HELP} ({detail})") from exc
         has_credentials = any(getattr(self._client, name, None) for name in ("api_key", "auth_token", "credentials"))
         if not has_credentials:
             raise LLMError(MISSING_KEY_HELP)

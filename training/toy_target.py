@@ -162,13 +162,16 @@ def train_causal_lm(
         opt, lambda s: min(1.0, (s + 1) / max(1, steps // 20)) * 0.5 * (1 + math.cos(math.pi * s / steps))
     )
     use_bf16 = torch.device(device).type == "cuda"
+    pad_id = model.config.pad_token_id
     losses: list[float] = []
     start = time.perf_counter()
     for _ in range(steps):
         idx = torch.tensor([gen.randrange(rows.shape[0]) for _ in range(batch_size)])
         batch = rows[idx].to(device)
+        # Padding is not text: keep it out of the loss (HF ignores label -100).
+        labels = batch.masked_fill(batch == pad_id, -100) if pad_id is not None else batch
         with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = model(input_ids=batch, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -100,6 +100,7 @@ class FakeOpenAIServer:
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._connections: set[asyncio.Task[Any]] = set()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -117,12 +118,19 @@ class FakeOpenAIServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and join the thread."""
+        """Stop serving (closing open connections) and join the thread."""
         if self._loop is not None and self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(5)
+
+    async def _shutdown(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
 
     def __enter__(self) -> FakeOpenAIServer:
         return self.start()
@@ -171,6 +179,9 @@ class FakeOpenAIServer:
     # ---- HTTP ------------------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
         try:
             while True:
                 try:
@@ -196,9 +207,10 @@ class FakeOpenAIServer:
                 await writer.drain()
                 if headers.get("connection", "").lower() == "close":
                     return
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return
         finally:
+            self._connections.discard(task)
             writer.close()
 
     async def _route(self, method: str, path: str, body: bytes) -> tuple[int | None, Any, dict[str, str]]:
@@ -208,6 +220,9 @@ class FakeOpenAIServer:
             return 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]}, {}
         if method == "GET" and path == "/_stats":
             return 200, self.stats(), {}
+        if method == "POST" and path == "/_reset":
+            self.reset_stats()
+            return 200, {"reset": True}, {}
         if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             return await self._chat(body)
         return 404, {"error": {"message": f"no route {method} {path}", "type": "not_found"}}, {}
@@ -308,6 +323,30 @@ def _main() -> None:
         asyncio.run(run())
     except KeyboardInterrupt:
         pass
+
+
+
+def write_mix(mix_dir: Any, rows: Sequence[dict[str, Any]], files: int = 1) -> Any:
+    """Write `rows` as a build-mix folder (CONTRACTS §1 schema, split over `files` parquet
+    files) for tests of this server's clients; return the folder. Rows may leave out
+    source/category/turns/keep_responses (defaults: "test", "chat", "all", False)."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("category", pa.string()),
+                        ("messages", pa.list_(message)), ("turns", pa.string()), ("keep_responses", pa.bool_())])
+    full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, **r} for r in rows]
+    out = Path(mix_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    per = max(1, -(-len(full) // files))
+    for k in range(files):
+        part = full[k * per:(k + 1) * per]
+        pq.write_table(pa.Table.from_pylist(part, schema=schema), out / f"part-{k:05d}.parquet")
+    (out / "manifest.json").write_text(json.dumps({"rows": len(full)}))
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,188 @@
+"""Hidden-state extraction throughput on one GPU: an 8B-shaped random-init Llama writing shards to local disk.
+
+Measures, in one run: the bf16 matmul peak of this GPU; extraction tokens/s through the toolkit's
+own capture (`capture_batch`) and store (`StoreWriter` on a background thread), per store dtype;
+the fraction of the peak that reaches (forward FLOPs = 2 x params x tokens); bytes/token stored.
+Prints one JSON line. Needs only torch, transformers, safetensors and numpy.
+
+    python bench/hidden_states_gpu.py                       # 8B shape, seq 2048, ~5 minutes on an H200
+    python bench/hidden_states_gpu.py --layers 4 --samples 16 --seq 512   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers  # noqa: E402
+from training.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_tflops(device: torch.device, size: int = 8192, iters: int = 30) -> float:
+    """Return the measured bf16 (fp32 on CPU) matmul throughput in TFLOP/s."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * iters / (time.perf_counter() - start) / 1e12
+
+
+def build_model(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
+                seq: int, device: torch.device) -> Any:
+    """Return a random-init Llama of the given shape (bf16 + sdpa on GPU), in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max(seq, 128),
+                      tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def run_bench(
+    *,
+    hidden: int = 4096,
+    layers: int = 32,
+    heads: int = 32,
+    kv_heads: int = 8,
+    intermediate: int | None = None,
+    vocab: int = 128256,
+    seq: int = 2048,
+    samples: int = 128,
+    batch: int = 8,
+    dtypes: tuple[str, ...] = ("bf16", "fp8"),
+    out_dir: str | Path = "/tmp/curator-bench-hidden-states",
+    device: str = "cuda",
+    peak_size: int = 8192,
+    warmup: int = 2,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Return the benchmark's results (tokens/s per dtype, fraction of peak, bytes/token, ...)."""
+    dev = torch.device(device)
+    peak = matmul_peak_tflops(dev, peak_size)
+    model = build_model(hidden, layers, heads, kv_heads, intermediate or int(hidden * 3.5), vocab, seq, dev)
+    all_params = sum(p.numel() for p in model.parameters())
+    # What the capture runs: the decoder layers and final norm (no embedding matmul, no lm_head).
+    run_params = sum(p.numel() for n, p in model.model.named_parameters() if not n.startswith("embed_tokens"))
+    aux_ids = default_aux_layers(layers)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, vocab, (samples, seq), generator=gen)
+    mask = torch.ones(batch, seq, dtype=torch.long, device=dev)
+    out = Path(out_dir)
+    for _ in range(warmup):
+        capture_batch(model, ids[:batch].to(dev), mask, aux_ids)
+    _sync(dev)
+
+    per_dtype: dict[str, Any] = {}
+    for dtype in dtypes:
+        store = out / dtype
+        shutil.rmtree(store, ignore_errors=True)
+        meta = StoreMeta(target="random-llama", hidden_size=hidden, num_layers=layers, vocab_size=vocab,
+                         aux_layer_ids=aux_ids, dtype=dtype, has_final=True)
+        forward_s = 0.0
+        start = time.perf_counter()
+        with StoreWriter(store, meta, writer_id="bench") as writer:
+            bg = BackgroundWriter(writer)
+            for lo in range(0, samples, batch):
+                chunk = ids[lo : lo + batch]
+                f0 = time.perf_counter()
+                states = capture_batch(model, chunk.to(dev, non_blocking=True), mask[: len(chunk)], aux_ids)
+                _sync(dev)
+                forward_s += time.perf_counter() - f0
+                aux, final = states.aux.to("cpu"), states.final.to("cpu")
+                bg.put([
+                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), aux[b], final[b])
+                    for b in range(len(chunk))
+                ])
+            bg.close()
+            wall = time.perf_counter() - start
+            stored, written = writer.stored, writer.bytes_written
+        tokens = stored * seq
+        per_dtype[dtype] = {
+            "tokens_per_s": tokens / wall,
+            "forward_only_tokens_per_s": tokens / forward_s,
+            "bytes_per_token_on_disk": written / max(tokens, 1),
+            "write_gb_per_s": written / wall / 1e9,
+            "wall_s": wall,
+            "stored_samples": stored,
+        }
+        if not keep:
+            shutil.rmtree(store, ignore_errors=True)
+
+    first = per_dtype[dtypes[0]]
+    achieved = 2 * run_params * first["tokens_per_s"] / 1e12
+    return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "shape": {"hidden": hidden, "layers": layers, "vocab": vocab, "seq": seq, "batch": batch},
+        "params": all_params,
+        "params_run": run_params,
+        "aux_layer_ids": aux_ids,
+        "peak_tflops": peak,
+        "tokens": first["stored_samples"] * seq,
+        "tokens_per_s": first["tokens_per_s"],
+        "achieved_tflops": achieved,
+        # FLOPs = 2 x params x tokens over the parameters the forward multiplies with (decoder + norm)
+        "fraction_of_peak": achieved / peak,
+        "fraction_of_peak_all_params": 2 * all_params * first["tokens_per_s"] / 1e12 / peak,
+        "forward_only_fraction_of_peak": 2 * run_params * first["forward_only_tokens_per_s"] / 1e12 / peak,
+        "bytes_per_token": {d: bytes_per_token(hidden, len(aux_ids), d, True) for d in ("bf16", "fp8")},
+        "stored_samples": first["stored_samples"],
+        "per_dtype": per_dtype,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--intermediate", type=int, default=14336)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--samples", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--dtypes", default="bf16,fp8")
+    p.add_argument("--out", default="/tmp/curator-bench-hidden-states", help="local disk for the shards")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--keep", action="store_true", help="keep the written stores")
+    a = p.parse_args(argv)
+    result = run_bench(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate,
+                       vocab=a.vocab, seq=a.seq, samples=a.samples, batch=a.batch,
+                       dtypes=tuple(d for d in a.dtypes.split(",") if d), out_dir=a.out, device=a.device, keep=a.keep,
+                       peak_size=8192 if a.device != "cpu" else 512)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""`python -m curator` runs the CLI."""
+
+from curator.cli import main
+
+main()

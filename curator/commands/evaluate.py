@@ -1,0 +1,175 @@
+"""`curator eval` (speculative decoding with the target and the draft, measured) and `curator doctor`
+(is this draft deployable, and is this server command going to use it as trained)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from curator.doctor import DoctorReport, diagnose
+from curator.errors import ConfigError
+from curator.ui import console, progress, rows_table, stdout, summary_table
+
+STATUS_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "error": "[bold red]error[/]"}
+
+
+def doctor(
+    draft: Annotated[Path, typer.Option("--draft", help="Exported draft directory (curator export).")],
+    model: Annotated[Optional[Path], typer.Option("--model", help="Local target model directory.")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="Hidden-state store the draft was trained on.")] = None,
+    launch: Annotated[Optional[str], typer.Option("--launch", help="The SGLang or vLLM launch command, quoted.")] = None,
+) -> int:
+    """Check a draft export, its fit with the target and data, and a server launch command."""
+    report = diagnose(draft, model, data, launch)
+    render_doctor(report)
+    if not report.ok:
+        raise typer.Exit(1)
+    return 0
+
+
+def render_doctor(report: DoctorReport) -> None:
+    """Print the checks as a table (stderr) and the correct launch command (stdout, to copy)."""
+    table = rows_table(["check", "status", "detail"], [], title="curator doctor")
+    for check in report.checks:
+        table.add_row(check.name, STATUS_STYLE[check.status], check.detail)
+    console.print(table)
+    n_err, n_warn = len(report.errors), sum(c.status == "warn" for c in report.checks)
+    verdict = "[bold red]not deployable as is[/]" if n_err else "[green]ready to serve[/]"
+    console.print(f"{verdict}: {n_err} error(s), {n_warn} warning(s). Launch it with:")
+    stdout.print(report.launch_command, highlight=False, markup=False)
+
+
+def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
+    """Return the prompts of a mix directory (parquet parts) and the count of malformed rows."""
+    import pyarrow.parquet as pq
+
+    from training.evaluate import EvalPrompt, prompt_messages
+
+    parts = sorted(mix_dir.glob("*.parquet"))
+    if not parts:
+        raise ConfigError(f"{mix_dir} holds no *.parquet parts: give a mix directory (build-mix --out) or a prompt file")
+    prompts, malformed = [], 0
+    for part in parts:
+        for row in pq.read_table(part).to_pylist():
+            messages = row.get("messages")
+            if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") for m in messages):
+                malformed += 1
+                continue
+            context = prompt_messages([{**m, "content": m.get("content") or ""} for m in messages],
+                                      str(row.get("turns") or "all"))
+            if not context:
+                malformed += 1
+                continue
+            prompts.append(EvalPrompt(id=str(row.get("id")), messages=context, category=str(row.get("category") or "")))
+    return prompts, malformed
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def eval_command(
+    model: Annotated[Path, typer.Option("--model", help="Local target model directory (transformers).")],
+    draft: Annotated[Path, typer.Option("--draft", help="Exported draft directory (curator export).")],
+    prompts: Annotated[Path, typer.Option("--prompts", help="Mix directory (parquet), JSONL {id, category, messages} or a text file (one prompt a line).")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Draft tokens per round (K).")] = 3,
+    topk: Annotated[int, typer.Option("--topk", min=1, help="1: a chain; >1: a tree of that many paths.")] = 1,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most this many prompts, spread over categories.")] = None,
+    data: Annotated[Optional[Path], typer.Option("--data", help="Hidden-state store: adds the offline estimate on its held-out samples.")] = None,
+    eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Held-out fraction used in training (for --data).")] = 0.05,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the full report here.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
+    tie_margin: Annotated[Optional[float], typer.Option("--tie-margin", help="Logit margin under which a greedy divergence counts as a numerical tie (default 1e-4 in float32, 0.1 in bfloat16).")] = None,
+) -> int:
+    """Measure acceptance length with real speculative decoding (target verifies, output = greedy)."""
+    import torch
+
+    from training.evaluate import DraftProposer, evaluate, load_prompt_file, load_target, offline_estimate, spread_by_category
+    from training.export import load_draft
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise ConfigError(f"--dtype {dtype!r}: use one of {', '.join(dtypes)}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    # bf16 rounds logits of order 10 to ~0.06: batched and one-token forwards may break such ties apart
+    tie_margin = tie_margin if tie_margin is not None else (1e-4 if dtype == "float32" else 0.1)
+    all_prompts, malformed = mix_prompts(prompts) if prompts.is_dir() else load_prompt_file(prompts)
+    chosen = spread_by_category(all_prompts, limit)
+    if not chosen:
+        raise ConfigError(f"no usable prompts in {prompts} ({malformed} malformed)")
+    target, tokenizer = load_target(model, device, dtypes[dtype])
+    drafter = load_draft(draft, model).to(device=device, dtype=dtypes[dtype])
+
+    start = time.perf_counter()
+    with progress() as bar:
+        task = bar.add_task("speculative decoding", total=len(chosen))
+        report = evaluate(target, tokenizer, DraftProposer(drafter), chosen, steps=steps, topk=topk,
+                          max_new_tokens=max_new_tokens, tie_margin=tie_margin,
+                          on_prompt=lambda _: bar.advance(task))
+    if malformed:
+        report.skipped["malformed rows"] = malformed
+    if data is not None:
+        with console.status("offline estimate on held-out hidden states"):
+            report.offline = offline_estimate(drafter.float(), data, model, steps, eval_fraction=eval_fraction)
+    render_eval(report, time.perf_counter() - start)
+    if json_out is not None:
+        _write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **report.to_json()})
+        console.print(f"report written to {json_out}")
+    return 0
+
+
+def render_eval(report: Any, wall_s: float) -> None:
+    """Print the summary, per-position and per-category tables."""
+    from training.evaluate import finite
+
+    overall = report.overall
+    rows: list[tuple[str, Any]] = [
+        ("prompts decoded", len(report.prompts)),
+        ("prompts skipped", sum(report.skipped.values())),
+        ("new tokens", report.new_tokens),
+        ("target verify forwards", overall.forwards),
+        (f"acceptance length (K={report.steps}, topk={report.topk})", overall.acceptance_length),
+    ]
+    if report.offline is not None:
+        rows.append((f"offline estimate ({report.offline['samples']} held-out samples)", report.offline["accept_length"]))
+    rows += [("output == greedy", "all prompts" if not report.ties else f"all, {report.ties} near-tie divergence(s)"),
+             ("wall time (s)", wall_s)]
+    console.print(summary_table("curator eval", rows))
+    for reason, count in sorted(report.skipped.items()):
+        console.print(f"[yellow]skipped {count}: {reason}[/]")
+
+    offline_rows = report.offline or {}
+    cond = offline_rows.get("cond_acc") or []
+    prefix, run = [], 1.0
+    for c in cond:
+        run *= c
+        prefix.append(run)
+    position_rows = []
+    for r in finite(overall.position_rates()):
+        k = r["position"] - 1
+        position_rows.append([r["position"], r["rate"], r["conditional"],
+                              prefix[k] if k < len(prefix) else None, cond[k] if k < len(cond) else None])
+    console.print(rows_table(["draft position", "accepted (1..k)", "accepted | 1..k-1",
+                              "offline (1..k)", "offline | 1..k-1"], position_rows, title="acceptance per position"))
+    if len(report.categories) > 1 or "all" not in report.categories:
+        cat_rows = [[name, s.forwards, finite(s.acceptance_length), *[r["rate"] for r in finite(s.position_rates())]]
+                    for name, s in sorted(report.categories.items())]
+        console.print(rows_table(["category", "forwards", "acceptance length",
+                                  *[f"pos {k}" for k in range(1, report.steps + 1)]], cat_rows, title="per category"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `eval` and `doctor` to the CLI."""
+    app.command("eval")(eval_command)
+    app.command("doctor")(doctor)

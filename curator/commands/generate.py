@@ -1,0 +1,121 @@
+"""`curator generate`: regenerate every answer of a mix through the target model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+from rich.progress import Progress, TaskID, TextColumn
+
+from curator.catalog import Catalog
+from curator.errors import ConfigError
+from curator.generate import GenerateConfig, GenerationStats, Snapshot, generate
+from curator.ui import console, progress, summary_table
+
+
+class _LiveProgress:
+    """One bar: conversations done/total, rate and ETA, plus req/s, tok/s, errors and the
+    requests in flight on each endpoint."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.task: TaskID | None = None
+
+    def __call__(self, snap: Snapshot) -> None:
+        if self.task is None:
+            self.task = self.bar.add_task("generate", total=snap.total, info="")
+        flights = " ".join(f"{_short(name)}:{n}" for name, n in snap.in_flight.items())
+        info = (f"{snap.requests_per_s:,.1f} req/s  {snap.output_tokens_per_s:,.0f} tok/s  "
+                f"errors {snap.errors:,}  in flight {flights}")
+        self.bar.update(self.task, completed=snap.done, total=snap.total, info=info)
+
+
+def _short(endpoint: str) -> str:
+    return endpoint.split("://", 1)[-1]
+
+
+def _parse_extra_body(text: Optional[str]) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--extra-body is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError('--extra-body must be a JSON object, e.g. \'{"chat_template_kwargs": {"enable_thinking": true}}\'')
+    return value
+
+
+def summary_rows(stats: GenerationStats) -> list[tuple[str, object]]:
+    """Return the (what, value) rows of the end-of-run summary."""
+    rows: list[tuple[str, object]] = [
+        ("run", stats.run_id),
+        ("model", stats.model),
+        ("mix rows", stats.mix_rows),
+        ("already done before this run", stats.already_done),
+        ("generated now", stats.generated),
+        ("kept (keep_responses)", stats.kept),
+        ("errors now", stats.errors),
+        ("  of which malformed rows", stats.malformed),
+        ("earlier errors skipped (see --retry-errors)", stats.skipped_errors),
+        ("answers cut at --max-tokens", stats.finish_length),
+        ("requests / retries", f"{stats.requests:,} / {stats.retries:,}"),
+        ("output tokens", stats.completion_tokens),
+        ("wall time (s)", round(stats.wall_s, 1)),
+        ("requests/s", round(stats.requests_per_s, 2)),
+        ("output tokens/s", round(stats.output_tokens_per_s, 1)),
+    ]
+    for name, n in stats.requests_by_endpoint.items():
+        rows.append((f"requests on {_short(name)}", f"{n:,} ({stats.errors_by_endpoint.get(name, 0):,} failed)"))
+    rows += [
+        ("done in output", f"{stats.done_total:,} / {stats.mix_rows:,}"),
+        ("failed in errors.jsonl", stats.errors_total),
+        ("still missing", stats.missing),
+    ]
+    return rows
+
+
+def generate_command(
+    mix: Path = typer.Option(..., "--mix", help="Mix folder from `curator build-mix` (*.parquet)."),
+    out: Path = typer.Option(..., "--out", help="Output folder: shard-*.jsonl, errors.jsonl, generation.json."),
+    model: str = typer.Option(..., "--model", help="Served model name (openai) or model folder (transformers)."),
+    endpoint: list[str] = typer.Option([], "--endpoint", help="OpenAI-compatible server URL; repeat for several."),
+    concurrency: int = typer.Option(64, "--concurrency", help="Requests in flight per endpoint."),
+    temperature: float = typer.Option(0.7, "--temperature", help="Sampling temperature (0: greedy)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling (server default when unset)."),
+    max_tokens: int = typer.Option(4096, "--max-tokens", help="Most tokens per answer."),
+    extra_body: Optional[str] = typer.Option(
+        None, "--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {"enable_thinking": true}}\'.'
+    ),
+    retry_errors: bool = typer.Option(False, "--retry-errors", help="Try ids in errors.jsonl again."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N rows of the mix."),
+    backend: str = typer.Option("openai", "--backend", help="openai (servers) or transformers (in-process)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="transformers backend: conversations per batch."),
+    device: Optional[str] = typer.Option(None, "--device", help="transformers backend: cuda, mps or cpu (default: best present)."),
+    seed: int = typer.Option(0, "--seed", help="transformers backend: sampling seed."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
+) -> None:
+    """Regenerate every answer of a mix through the target model; resumes by sample id."""
+    try:
+        config = GenerateConfig(
+            mix=mix, out=out, model=model, endpoints=endpoint, backend=backend, concurrency=concurrency,
+            temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_body=_parse_extra_body(extra_body),
+            retry_errors=retry_errors, limit=limit, batch_size=batch_size, device=device, seed=seed,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"--{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}") from exc
+    bar = progress(TextColumn("{task.fields[info]}"))
+    with bar:
+        stats = generate(config, on_progress=_LiveProgress(bar))
+    console.print(summary_table("generation", summary_rows(stats)))
+    with Catalog.open(catalog) as cat:
+        cat.record_generation_run(stats.run_id, str(mix), str(out), model, stats.endpoints, stats.as_dict())
+
+
+def register(app: typer.Typer) -> None:
+    """Add `generate` to the CLI."""
+    app.command("generate")(generate_command)

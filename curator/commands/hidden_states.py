@@ -1,0 +1,276 @@
+"""`curator plan` (the disk bill) and `curator hidden-states` (capture into a shard store)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from curator.errors import ConfigError
+from curator.ui import console, human_bytes, progress, rows_table, stdout, summary_table
+from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
+from training.hidden_states import ExtractStats, check_layer_ids, default_aux_layers, merge_index, store_meta
+from training.plan import DiskPlan, ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
+from training.store import StoreMeta, read_index
+
+DEFAULT_SHARED_DIR = "/tmp/curator-hidden-states"
+
+
+def parse_layers(text: Optional[str]) -> Optional[list[int]]:
+    """Return the layer ids of "2,30,58" (None for the default)."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", ",").split(",") if x]
+    except ValueError as exc:
+        raise ConfigError(f"--layers takes comma-separated integers like 2,30,58, not {text!r}") from exc
+
+
+def load_tokenizer(model_dir: Path) -> Any | None:
+    """Return the target's tokenizer when `model_dir` holds one, else None."""
+    if not model_dir.is_dir() or not any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _remaining(gen_dir: Path, done: set[str], stats: GenerationReadStats | None = None) -> Any:
+    return (r for r in iter_generation(gen_dir, stats) if r["id"] not in done)
+
+
+def plan_rows(plan: DiskPlan) -> list[tuple[str, object]]:
+    """Return the (what, value) rows that head a plan."""
+    s = plan.shape
+    final = "aux + final" if plan.has_final else "aux only"
+    rows: list[tuple[str, object]] = [
+        ("model", f"{s.name}: hidden {s.hidden_size}, {s.num_layers} layers"),
+        ("samples", plan.samples),
+        ("lengths from", plan.lengths_from),
+        ("dtype", plan.dtype),
+        (f"bytes/token, {plan.n_aux} aux layers only", plan.aux_bytes_per_token),
+        (f"bytes/token, {plan.n_aux} aux + final (default store)", plan.store_bytes_per_token)
+        if plan.has_final else ("bytes/token of this store", plan.store_bytes_per_token),
+        (f"this store ({final}, max_len {plan.chosen.max_len or 'none'})", human_bytes(plan.chosen.store_bytes)),
+    ]
+    if plan.free_bytes is not None:
+        rows += [(f"free at {plan.out_dir}", human_bytes(plan.free_bytes)), ("fits", "yes" if plan.fits else "NO")]
+    return rows
+
+
+def plan_json(plan: DiskPlan) -> dict[str, Any]:
+    """Return the plan as a JSON-ready dict."""
+    return {
+        "model": plan.shape.__dict__,
+        "samples": plan.samples,
+        "lengths_from": plan.lengths_from,
+        "dtype": plan.dtype,
+        "aux_bytes_per_token": plan.aux_bytes_per_token,
+        "store_bytes_per_token": plan.store_bytes_per_token,
+        "has_final": plan.has_final,
+        "rows": [r.__dict__ for r in plan.rows],
+        "chosen_max_len": plan.chosen.max_len,
+        "out_dir": plan.out_dir,
+        "free_bytes": plan.free_bytes,
+        "fits": plan.fits,
+    }
+
+
+def plan(
+    model: str = typer.Option(..., "--model", help="Target: model directory, its config.json, or a config dict file (JSON)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Generation output (shard-*.jsonl): real per-sample lengths."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Sample count, without --data."),
+    avg_tokens: Optional[float] = typer.Option(None, "--avg-tokens", help="Mean tokens per sample, without --data."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Clip each sample to this many tokens."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16 or fp8 (e4m3, one scale per token and layer)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where the store would go: shows its free disk."),
+    aux_layers: int = typer.Option(3, "--aux-layers", help="How many aux layers are stored."),
+    no_final: bool = typer.Option(False, "--no-final", help="Plan a store without the final hidden state."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+) -> None:
+    """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk."""
+    if dtype not in ("bf16", "fp8"):
+        raise ConfigError(f"--dtype must be bf16 or fp8, not {dtype!r}")
+    if data is not None and (samples or avg_tokens):
+        raise ConfigError("give either --data or --samples/--avg-tokens, not both")
+    shape = load_shape(model)
+    lengths, how = None, ""
+    if data is not None:
+        generation_files(data)
+        read = GenerationReadStats()
+        tokenizer = load_tokenizer(Path(model))
+        with console.status("measuring sample lengths"):
+            lengths, how, bad = data_lengths(iter_generation(data, read), tokenizer)
+        how = f"{data} ({how}; {read.malformed + bad} malformed skipped)"
+    result = make_plan(
+        shape, lengths=lengths, samples=samples, avg_tokens=avg_tokens, max_len=max_len, dtype=dtype,
+        n_aux=aux_layers, has_final=not no_final, out_dir=out, lengths_from=how,
+    )
+    if as_json:
+        stdout.print_json(json.dumps(plan_json(result)))
+        return
+    console.print(summary_table("hidden-state disk plan", plan_rows(result)))
+    console.print(
+        rows_table(
+            ["max_len", "tokens", f"{aux_layers} aux layers", "aux + final", "saves"],
+            [
+                (r.max_len or "none", r.tokens, human_bytes(r.aux_bytes), human_bytes(r.aux_final_bytes), f"{r.saving:.0%}")
+                for r in result.rows
+            ],
+        )
+    )
+
+
+def _check_disk(
+    shape: ModelShape, tokenizer: Any, data: Path, out: Path, done: set[str], meta: StoreMeta, max_len: Optional[int]
+) -> int:
+    """Raise when the rest of the run will not fit at `out`; return the samples still to capture."""
+    with console.status("planning the disk (measuring the remaining samples)"):
+        lengths, how, _ = data_lengths(_remaining(data, done), tokenizer)
+    if not lengths:
+        return 0
+    result = make_plan(
+        shape, lengths=lengths, max_len=max_len, dtype=meta.dtype, n_aux=len(meta.aux_layer_ids),
+        has_final=meta.has_final, out_dir=out, lengths_from=how,
+    )
+    refuse_if_it_will_not_fit(result)
+    return len(lengths)
+
+
+def summary_rows(stats: ExtractStats, out: Path, backend: str, read: GenerationReadStats) -> list[tuple[str, object]]:
+    """Return the (what, value) rows of the end-of-run summary."""
+    return [
+        ("backend", backend),
+        ("store", str(out)),
+        ("records read", stats.records),
+        ("already stored before", stats.already_done),
+        ("stored now (samples)", stats.stored),
+        ("tokens", stats.tokens),
+        ("loss tokens", stats.loss_tokens),
+        ("bytes written", human_bytes(stats.bytes_written)),
+        ("tokens/s", round(stats.tokens_per_s, 1)),
+        ("wall time (s)", round(stats.wall_s, 1)),
+        ("skipped: malformed", stats.malformed + read.malformed),
+        ("skipped: no answer left after --max-len", stats.no_loss_tokens),
+        ("skipped: NaN/inf states", stats.nonfinite),
+        ("skipped: engine failures", stats.failed),
+        ("clipped at --max-len", stats.truncated),
+    ]
+
+
+def hidden_states(
+    model: str = typer.Option(..., "--model", help="Target directory (transformers), or the served model name (vllm)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Generation output directory (shard-*.jsonl)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Store directory; an existing one is resumed."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Aux layer ids, SGLang convention, e.g. 2,30,58 (default [2, N//2, N-3])."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16, or fp8 (e4m3 + a float32 scale per token and layer)."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Clip each sample to this many tokens."),
+    batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per forward batch (transformers)."),
+    no_final: bool = typer.Option(False, "--no-final", help="Do not store the final normed hidden state."),
+    force: bool = typer.Option(False, "--force", help="Start even when the plan says the disk is too small."),
+    backend: str = typer.Option("transformers", "--backend", help="transformers (load the target here) or vllm (drive vLLM servers)."),
+    endpoint: Optional[list[str]] = typer.Option(None, "--endpoint", help="vLLM server URL (repeatable)."),
+    concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight per vLLM endpoint."),
+    retries: int = typer.Option(4, "--retries", help="Retries of a failed vLLM request (exponential backoff)."),
+    target_dir: Optional[Path] = typer.Option(None, "--target-dir", help="Local target directory (config, tokenizer, norm weights) for --backend vllm when --model is a served name."),
+    shared_dir: str = typer.Option(DEFAULT_SHARED_DIR, "--shared-dir", help="The engine's shared_storage_path (for --print-server-command)."),
+    path_map: Optional[str] = typer.Option(None, "--path-map", help="ENGINE_DIR=LOCAL_DIR when the engine's shared dir is mounted elsewhere here."),
+    tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", help="vLLM --tensor-parallel-size in the printed command."),
+    port: int = typer.Option(8000, "--port", help="Port in the printed vLLM command."),
+    print_server_command: bool = typer.Option(False, "--print-server-command", help="Print the `vllm serve` command for this target and exit."),
+) -> None:
+    """Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store."""
+    if dtype not in ("bf16", "fp8"):
+        raise ConfigError(f"--dtype must be bf16 or fp8, not {dtype!r}")
+    if backend not in ("transformers", "vllm"):
+        raise ConfigError(f"--backend must be transformers or vllm, not {backend!r}")
+    layer_ids = parse_layers(layers)
+    local = target_dir or (Path(model) if Path(model).is_dir() else None)
+    if print_server_command:
+        _print_server_command(model, local, layer_ids, not no_final, shared_dir, port, tensor_parallel)
+        return
+    if data is None or out is None:
+        raise ConfigError("--data GEN_DIR and --out DIR are required (except with --print-server-command)")
+    if local is None:
+        raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config and tokenizer")
+    generation_files(data)
+    tokenizer = load_tokenizer(local)
+    if tokenizer is None:
+        raise ConfigError(f"{local} has no tokenizer; the chat template of the target is needed to tokenise")
+    shape = load_shape(local)
+    cfg = json.loads((local / "config.json").read_text(encoding="utf-8"))
+    meta = store_meta(cfg, tokenizer, target=model, layer_ids=layer_ids, dtype=dtype, has_final=not no_final,
+                      extra={"backend": backend, "max_len": max_len})
+    done: set[str] = set()
+    if (out / "meta.json").exists():
+        stored, skipped = read_index(out)
+        done = set(stored) | set(skipped)
+    total = _check_disk(shape, tokenizer, data, out, done, meta, max_len) if not force else None
+    read = GenerationReadStats()
+    with progress() as bar:
+        task = bar.add_task("hidden states", total=total)
+        if backend == "transformers":
+            from training.hidden_states import run
+
+            stats = run(local, data, out, layer_ids=meta.aux_layer_ids, dtype=dtype, has_final=not no_final,
+                        max_len=max_len, batch_tokens=batch_tokens, read_stats=read,
+                        on_batch=lambda n, _t: bar.advance(task, n))
+        else:
+            stats = _run_vllm(model, local, endpoint or [], concurrency, retries, path_map, tokenizer, data, out, meta,
+                              max_len, read, lambda _t: bar.advance(task, 1))
+    console.print(summary_table("hidden states", summary_rows(stats, out, backend, read)))
+
+
+def _run_vllm(
+    model: str, local: Path, endpoints: list[str], concurrency: int, retries: int, path_map: Optional[str], tokenizer: Any,
+    data: Path, out: Path, meta: StoreMeta, max_len: Optional[int], read: GenerationReadStats, on_sample: Any,
+) -> ExtractStats:
+    from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
+
+    mapping = None
+    if path_map:
+        if "=" not in path_map:
+            raise ConfigError("--path-map takes ENGINE_DIR=LOCAL_DIR")
+        src, dst = path_map.split("=", 1)
+        mapping = (src, dst)
+    if concurrency < 1 or retries < 0:
+        raise ConfigError("--concurrency must be at least 1 and --retries at least 0")
+    opts = VllmOptions(endpoints=[e.rstrip("/") for e in endpoints], model=model, concurrency=concurrency,
+                       retries=retries, path_map=mapping, api_key=api_key_from_env())
+    norm = load_final_norm(local) if meta.has_final else None
+    stats = asyncio.run(
+        extract_vllm(opts, tokenizer, iter_generation(data, read), out, meta, norm=norm, max_len=max_len,
+                     on_sample=on_sample)
+    )
+    merge_index(out)
+    return stats
+
+
+def _print_server_command(
+    model: str, local: Optional[Path], layer_ids: Optional[list[int]], has_final: bool, shared_dir: str,
+    port: int, tensor_parallel: Optional[int],
+) -> None:
+    from curator.hidden_vllm import layer_explanation, server_command
+
+    if local is None:
+        raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config.json")
+    shape = load_shape(local)
+    ids = check_layer_ids(layer_ids or default_aux_layers(shape.num_layers), shape.num_layers)
+    meta = StoreMeta(target=model, hidden_size=shape.hidden_size, num_layers=shape.num_layers,
+                     vocab_size=shape.vocab_size, aux_layer_ids=ids, has_final=has_final)
+    stdout.print(server_command(model, meta, shared_dir, port=port, tensor_parallel=tensor_parallel), highlight=False)
+    console.print(layer_explanation(meta), highlight=False)
+    console.print(
+        f"The engine writes one file per request into {shared_dir}; this client reads and deletes them, so that "
+        "directory must be visible here at the same path (or pass --path-map ENGINE_DIR=LOCAL_DIR).",
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add `plan` and `hidden-states` to the CLI."""
+    app.command("plan")(plan)
+    app.command("hidden-states")(hidden_states)

@@ -1,0 +1,171 @@
+"""`curator scout`: send research agents to the Hub and propose a mix from what they find;
+`curator hub snapshot`: save what the tools need from the Hub for offline runs."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from curator.catalog import Catalog
+from curator.errors import ConfigError, CuratorError
+from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
+from curator.llm import LLMClient, make_client
+from curator.scout.agent import AgentBudget
+from curator.scout.briefs import Brief, categories, load_briefs
+from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
+from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
+from curator.ui import console, rows_table, summary_table
+
+# Hub calls of huggingface_hub are blocking and run in threads; ten agents need more than the
+# default pool (cpu + 4) or they queue behind each other.
+HUB_THREADS = 32
+
+
+class Planner(str, Enum):
+    llm = "llm"
+    rules = "rules"
+
+
+class LLMKind(str, Enum):
+    anthropic = "anthropic"
+    openai = "openai"
+
+
+hub_app = typer.Typer(help="Hub access without the agents: offline snapshots.", no_args_is_help=True)
+
+
+def scout(
+    agents: Optional[int] = typer.Option(None, "--agents", "-n", help="How many briefs to run, heaviest first (default: all)."),
+    goal: str = typer.Option(DEFAULT_GOAL, "--goal", help="What every agent looks for."),
+    planner: Planner = typer.Option(Planner.llm, "--planner", help="llm: model agents; rules: seed queries and a transparent score, no model."),
+    llm: LLMKind = typer.Option(LLMKind.anthropic, "--llm", help="anthropic (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL) or openai (any OpenAI-compatible server)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: $CURATOR_MODEL, else claude-sonnet-4-5 for anthropic)."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="Server URL for --llm openai (e.g. http://localhost:30000/v1); for anthropic overrides ANTHROPIC_BASE_URL."),
+    hub: Optional[str] = typer.Option(None, "--hub", help="Hub snapshot file for offline runs ('bundled' for the shipped one); default: the live Hub (HF_ENDPOINT, HF_TOKEN)."),
+    max_turns: int = typer.Option(12, "--max-turns", min=1, help="Model calls per agent."),
+    max_tokens: int = typer.Option(300_000, "--max-tokens", min=1, help="Tokens (input + output) per agent."),
+    target_samples: int = typer.Option(100_000, "--target-samples", min=1, help="Size of the proposed mix."),
+    recipe_out: Optional[Path] = typer.Option(None, "--recipe-out", help="Where to write the proposed recipe (default: recipes/<name>.yaml)."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
+    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of briefs (default: $CURATOR_AGENTS_DIR or ./agents)."),
+    live: bool = typer.Option(True, "--live/--no-live", help="Show the live table of agents."),
+) -> None:
+    """Run research agents on the Hub, record their finds in the catalog and propose a recipe."""
+    all_briefs = load_briefs(agents_dir)
+    chosen = load_briefs(agents_dir, limit=agents)
+    if agents is not None and agents > len(all_briefs):
+        raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
+    # the model client first: a missing key should fail before anything touches the Hub or catalog
+    client: LLMClient | None = make_client(llm.value, model, base_url) if planner is Planner.llm else None
+    hub_client = open_hub(hub)
+    cat = Catalog.open(catalog)
+    config = ScoutConfig(
+        goal=goal, planner=planner.value, model=client.model if client else None,
+        budget=AgentBudget(max_turns=max_turns, max_tokens=max_tokens), target_samples=target_samples, live=live,
+    )
+    run = ScoutRun(cat, hub_client, chosen, config, client, categories(all_briefs))
+    try:
+        asyncio.run(_run(run, hub_client, client))
+    except KeyboardInterrupt:
+        _print_summary(run, None)
+        console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {cat.path}")
+        raise typer.Exit(130) from None
+    recipe = _propose(cat, run, all_briefs, goal, target_samples, recipe_out)
+    _print_summary(run, recipe)
+    if run.status == "failed":
+        first = next((p.error for p in run.failed if p.error), "unknown error")
+        raise CuratorError(f"every agent failed; the first said: {first}")
+
+
+async def _run(run: ScoutRun, hub: HubClient, client: LLMClient | None) -> None:
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=HUB_THREADS, thread_name_prefix="hub"))
+    try:
+        await run.run()
+    finally:
+        await hub.aclose()
+        if client is not None:
+            await client.aclose()
+
+
+def _recorded(run: ScoutRun) -> int:
+    return sum(p.candidates for p in run.progress)
+
+
+def _propose(cat: Catalog, run: ScoutRun, briefs: list[Brief], goal: str, target: int, out: Optional[Path]) -> Path | None:
+    merged = merge_candidates(cat, run.run_id)
+    if not merged:
+        console.print("[yellow]no candidates recorded; no recipe proposed[/]")
+        return None
+    proposal = propose_mix(merged, briefs, goal, target, run_id=run.run_id)
+    path = write_proposal(proposal, out)
+    console.print(
+        rows_table(
+            ("dataset", "category", "samples", "reason"),
+            [(q.dataset_id, q.category, q.samples, q.reason[:80]) for q in proposal.quotas],
+            title=f"proposed recipe ({proposal.total():,} of {target:,} samples)",
+        )
+    )
+    return path
+
+
+def _print_summary(run: ScoutRun, recipe: Path | None) -> None:
+    finished = sum(1 for p in run.progress if p.state == "finished")
+    rows = [
+        ("run", run.run_id),
+        ("status", run.status),
+        ("agents finished / run", f"{finished} / {len(run.progress)}"),
+        ("agents failed", len(run.failed)),
+        ("candidates recorded", _recorded(run)),
+        ("datasets found", len(run.top_candidates(limit=10_000))),
+        ("input tokens", run.input_tokens),
+        ("output tokens", run.output_tokens),
+        ("wall time (s)", round(run.wall_s, 1)),
+    ]
+    if recipe is not None:
+        rows.append(("proposed recipe", str(recipe)))
+    console.print(summary_table("scout", rows))
+    for p in run.failed:
+        console.print(f"[red]{p.agent} failed:[/] {p.error}", highlight=False)
+
+
+def snapshot(
+    out: Path = typer.Option(..., "--out", help="Snapshot file to write (JSON)."),
+    query: Optional[list[str]] = typer.Option(None, "--query", "-q", help="A search to save (repeatable; default: every brief's seed queries)."),
+    dataset: Optional[list[str]] = typer.Option(None, "--dataset", help="A dataset id to save even if no search finds it (repeatable)."),
+    per_query: int = typer.Option(10, "--per-query", min=1, max=100, help="Hits saved (and inspected) per search."),
+    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of briefs whose seed queries are saved by default."),
+) -> None:
+    """Save the Hub metadata the agents' tools need for a set of searches (for `scout --hub FILE`)."""
+    queries = list(query or []) or [q for b in load_briefs(agents_dir) for q in b.seed_queries]
+
+    async def go():
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=HUB_THREADS, thread_name_prefix="hub"))
+        live_hub = LiveHub()
+        try:
+            return await build_snapshot(live_hub, queries, out, per_query=per_query, extra_ids=dataset or ())
+        finally:
+            await live_hub.aclose()
+
+    summary = asyncio.run(go())
+    console.print(summary_table("hub snapshot", [
+        ("file", str(summary.path)), ("searches", summary.queries), ("datasets", summary.datasets),
+        ("failed", len(summary.failed)), ("wall time (s)", round(summary.wall_s, 1)),
+    ]))
+    for line in summary.failed[:20]:
+        console.print(f"[yellow]failed:[/] {line}", highlight=False)
+    if summary.datasets == 0:
+        raise CuratorError("the snapshot holds no datasets; check HF_ENDPOINT/HF_TOKEN and the queries")
+
+
+hub_app.command("snapshot")(snapshot)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `scout` and `hub` to the CLI."""
+    app.command("scout")(scout)
+    app.add_typer(hub_app, name="hub")

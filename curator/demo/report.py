@@ -1,0 +1,176 @@
+"""The demo's final report: a terminal table and `report.html` with plots a browser shows.
+
+Plots are matplotlib PNGs embedded as data URIs, so the page is one file that can be mailed
+or opened from a remote machine's workdir without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from curator.ui import human_bytes
+
+
+@dataclass
+class StageResult:
+    """What one stage did: its name, wall time, key figures and the command that reproduces it."""
+
+    name: str
+    seconds: float
+    figures: dict[str, Any]
+    command: str
+
+
+@dataclass
+class DemoReport:
+    """Everything the demo's report shows."""
+
+    workdir: Path
+    stages: list[StageResult] = field(default_factory=list)
+    mix_counts: dict[str, int] = field(default_factory=dict)  # category -> prompts
+    train_log: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl rows
+    acceptance_measured: list[float] = field(default_factory=list)  # per draft position
+    acceptance_estimated: list[float] = field(default_factory=list)  # per TTT step (offline)
+    acceptance_length: float | None = None
+    acceptance_length_estimated: float | None = None
+
+    def figure(self, stage: str, key: str) -> Any:
+        """Return one figure of a stage, or None."""
+        for result in self.stages:
+            if result.name == stage:
+                return result.figures.get(key)
+        return None
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def plots(report: DemoReport) -> dict[str, str]:
+    """Return {title: PNG data URI} for the mix, the training curve and acceptance per position."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    if report.mix_counts:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        cats = sorted(report.mix_counts)
+        ax.bar(cats, [report.mix_counts[c] for c in cats], color="#4c72b0")
+        ax.set_ylabel("prompts")
+        ax.set_title("Mix composition")
+        out["Mix composition"] = _png(fig)
+        plt.close(fig)
+
+    train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
+    if train_rows:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+        ax1.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], color="#c44e52")
+        ax1.set_xlabel("step")
+        ax1.set_ylabel("loss")
+        ax1.set_title("Training loss")
+        acc_keys = sorted({k for r in train_rows for k in r if k.startswith("acc_") and k[4:].isdigit()}, key=lambda k: int(k[4:]))
+        for key in acc_keys:
+            ax2.plot([r["step"] for r in train_rows], [r.get(key) for r in train_rows], label=key)
+        ax2.set_xlabel("step")
+        ax2.set_ylabel("accuracy")
+        ax2.set_title("Per-position accuracy (TTT step)")
+        if acc_keys:
+            ax2.legend(fontsize=7)
+        out["Training"] = _png(fig)
+        plt.close(fig)
+
+    if report.acceptance_measured or report.acceptance_estimated:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        if report.acceptance_measured:
+            xs = range(1, len(report.acceptance_measured) + 1)
+            ax.plot(list(xs), report.acceptance_measured, "o-", label="measured (speculative decoding)")
+        if report.acceptance_estimated:
+            xs = range(1, len(report.acceptance_estimated) + 1)
+            ax.plot(list(xs), report.acceptance_estimated, "s--", label="estimated (held-out states)")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("P(accepted)")
+        ax.set_ylim(0, 1)
+        ax.set_title("Acceptance per position")
+        ax.legend(fontsize=7)
+        out["Acceptance"] = _png(fig)
+        plt.close(fig)
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def write_html(report: DemoReport, path: str | Path) -> Path:
+    """Write the report page to `path` (atomically); return the path."""
+    path = Path(path)
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>curator demo report</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}"
+        "code{background:#f4f4f4;padding:1px 4px;font-size:90%}img{max-width:100%}</style></head><body>",
+        "<h1>curator demo report</h1>",
+        "<p>Every stage ran for real on a tiny target made on the spot (demo data, not a real data set). "
+        f"Workdir: <code>{html.escape(str(report.workdir))}</code>.</p>",
+    ]
+    if report.acceptance_length is not None:
+        est = report.acceptance_length_estimated
+        parts.append(
+            f"<p><b>Acceptance length</b> (tokens per target forward): measured {report.acceptance_length:.2f}"
+            + (f", estimated offline {est:.2f}" if est is not None else "")
+            + "</p>"
+        )
+    parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>seconds</th><th>figures</th><th>command</th></tr>")
+    for stage in report.stages:
+        figures = "<br>".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in stage.figures.items())
+        parts.append(
+            f"<tr><td>{html.escape(stage.name)}</td><td>{stage.seconds:.1f}</td><td>{figures}</td>"
+            f"<td><code>{html.escape(stage.command)}</code></td></tr>"
+        )
+    parts.append("</table>")
+    for title, uri in plots(report).items():
+        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>")
+    parts.append("</body></html>")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(parts))
+    os.replace(tmp, path)
+    return path
+
+
+def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
+    """Return the final report's headline rows for the terminal."""
+    rows: list[tuple[str, str]] = []
+    found = report.figure("scout", "candidates")
+    if found is not None:
+        rows.append(("candidates found", _fmt(found)))
+    if report.mix_counts:
+        rows.append(("mix composition", ", ".join(f"{k} {v}" for k, v in sorted(report.mix_counts.items()))))
+    tps = report.figure("generate", "output tok/s")
+    if tps is not None:
+        rows.append(("generation throughput", f"{tps:,.0f} output tok/s"))
+    nbytes = report.figure("hidden-states", "bytes")
+    if nbytes is not None:
+        rows.append(("hidden states stored", human_bytes(nbytes)))
+    train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
+    if train_rows:
+        rows.append(("training loss", f"{train_rows[0]['loss']:.3f} -> {train_rows[-1]['loss']:.3f} over {train_rows[-1]['step']} steps"))
+    if report.acceptance_length is not None:
+        rows.append(("acceptance length, measured", f"{report.acceptance_length:.2f}"))
+    if report.acceptance_length_estimated is not None:
+        rows.append(("acceptance length, estimated", f"{report.acceptance_length_estimated:.2f}"))
+    return rows

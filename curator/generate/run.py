@@ -1,0 +1,328 @@
+"""`generate()`: regenerate every answer of a mix through the target, resumably, with stats.
+
+The run: check the output directory (lock, same model, stale temporaries), find what is done
+(ids in finished shards) and what failed for good before (errors.jsonl), start the backend
+(the start-up check), then keep `workers` conversations going until the mix is exhausted.
+Finished conversations go to the shard writer; permanent failures to the errors file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from curator.errors import ConfigError
+from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
+from curator.generate.conversation import answer_points, output_record, regenerate
+from curator.generate.local import TransformersBackend
+from curator.generate.rows import BadRow, MixRow, iter_mix, read_mix_ids
+from curator.generate.shards import (
+    META_FILE,
+    ErrorLog,
+    OutputLock,
+    ShardWriter,
+    remove_stale_temporaries,
+    scan_shards,
+    shard_paths,
+    write_json_atomic,
+)
+
+Backend = OpenAIBackend | TransformersBackend
+
+
+class GenerateConfig(BaseModel):
+    """Everything that defines a generation run (the CLI options, validated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mix: Path
+    out: Path
+    model: str
+    endpoints: list[str] = Field(default_factory=list)
+    backend: Literal["openai", "transformers"] = "openai"
+    concurrency: int = Field(64, ge=1, description="requests in flight per endpoint")
+    temperature: float = Field(0.7, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int = Field(4096, ge=1)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    retry_errors: bool = False
+    limit: int | None = Field(None, ge=0)
+    batch_size: int = Field(16, ge=1)
+    device: str | None = None
+    seed: int = 0
+    shard_rows: int = Field(1000, ge=1)
+    shard_seconds: float = Field(30.0, gt=0.0)
+    max_attempts: int = Field(8, ge=1)
+    retry_base_s: float = Field(0.5, ge=0.0)
+    request_timeout_s: float = Field(1800.0, gt=0.0)
+
+
+@dataclass
+class Snapshot:
+    """The live view of a run, for progress displays."""
+
+    total: int
+    done: int
+    generated: int
+    errors: int
+    in_flight: dict[str, int]
+    requests_per_s: float
+    output_tokens_per_s: float
+    elapsed_s: float
+
+
+@dataclass
+class GenerationStats:
+    """What a run did; also written to generation.json and the catalog."""
+
+    run_id: str
+    model: str
+    backend: str
+    endpoints: list[str]
+    mix_rows: int = 0
+    duplicate_ids_in_mix: int = 0
+    already_done: int = 0
+    skipped_errors: int = 0
+    generated: int = 0
+    kept: int = 0
+    malformed: int = 0
+    errors: int = 0
+    requests: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_length: int = 0
+    wall_s: float = 0.0
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    done_total: int = 0
+    errors_total: int = 0
+    missing: int = 0
+    requests_by_endpoint: dict[str, int] = field(default_factory=dict)
+    errors_by_endpoint: dict[str, int] = field(default_factory=dict)
+    shards_written: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the stats as plain JSON-able data."""
+        return asdict(self)
+
+
+def make_backend(config: GenerateConfig) -> Backend:
+    """Return the backend the config asks for (not started)."""
+    params = SamplingParams(config.temperature, config.top_p, config.max_tokens, dict(config.extra_body))
+    if config.backend == "transformers":
+        return TransformersBackend(config.model, params, batch_size=config.batch_size, device=config.device,
+                                   seed=config.seed)
+    retry = RetryPolicy(max_attempts=config.max_attempts, base_delay_s=config.retry_base_s)
+    return OpenAIBackend(config.endpoints, config.model, params, concurrency=config.concurrency, retry=retry,
+                         timeout_s=config.request_timeout_s)
+
+
+def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
+    """Return the stats of a run that regenerates every missing answer of `config.mix` into
+    `config.out` (resuming whatever an earlier run left)."""
+    return asyncio.run(generate_async(config, on_progress))
+
+
+async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
+    """Return the stats of a run (the async body of `generate`)."""
+    if config.backend == "openai" and not config.endpoints:
+        raise ConfigError("no --endpoint given (the openai backend needs at least one server URL)")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out):
+        backend = make_backend(config)
+        try:
+            run = _Run(config, backend)
+            run.prepare()
+            await backend.start()
+            run.write_meta("running")
+            try:
+                await run.execute(on_progress)
+            except BaseException:
+                run.write_meta("interrupted")
+                raise
+            return run.finish()
+        finally:
+            await backend.aclose()
+
+
+class _Run:
+    """One generation run over one output directory (holds the mutable state of the run)."""
+
+    def __init__(self, config: GenerateConfig, backend: Backend) -> None:
+        self.config = config
+        self.backend = backend
+        self.out = Path(config.out)
+        endpoints = list(backend.in_flight())
+        self.stats = GenerationStats(
+            run_id=f"gen-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}",
+            model=config.model, backend=config.backend, endpoints=endpoints,
+        )
+        self.errors = ErrorLog(self.out)
+        self.skip: set[str] = set()
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.t0 = 0.0
+
+    # ---- before -----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Check the output directory's shards come from this model; find done and failed ids."""
+        meta_path = self.out / META_FILE
+        if meta_path.exists() and shard_paths(self.out):
+            try:
+                previous = json.loads(meta_path.read_text())
+            except ValueError:
+                previous = {}
+            if previous.get("model") not in (None, self.config.model):
+                raise ConfigError(
+                    f"{self.out} holds generations of {previous['model']!r}, not {self.config.model!r}; "
+                    "use another --out (mixing targets would teach the draft two distributions)"
+                )
+        remove_stale_temporaries(self.out)
+        scan = scan_shards(self.out)
+        self.writer = ShardWriter(self.out, scan.next_index, max_rows=self.config.shard_rows,
+                                  max_age_s=self.config.shard_seconds)
+        self.errors.load()
+        self.errors.compact(scan.done_ids)
+        ids = read_mix_ids(self.config.mix, self.config.limit)
+        unique = set(ids)
+        self.stats.mix_rows = len(unique)
+        self.stats.duplicate_ids_in_mix = len(ids) - len(unique)
+        self.stats.already_done = len(unique & scan.done_ids)
+        self.skip = set(scan.done_ids)
+        if not self.config.retry_errors:
+            # Permanent failures stay failed until --retry-errors; transient ones that ran out
+            # of attempts (a server down for a while) are simply tried again.
+            permanent = {i for i, r in self.errors.records.items() if r.get("permanent", True)}
+            self.stats.skipped_errors = len((permanent - self.skip) & unique)
+            self.skip |= permanent
+        self.todo = len(unique - self.skip)
+
+    def write_meta(self, status: str) -> None:
+        """Write generation.json: config, sampling, status and the stats so far."""
+        cfg = self.config.model_dump(mode="json")
+        write_json_atomic(self.out / META_FILE, {
+            "run_id": self.stats.run_id,
+            "status": status,
+            "model": self.config.model,
+            "backend": self.config.backend,
+            "endpoints": self.stats.endpoints,
+            "mix": str(Path(self.config.mix).resolve()),
+            "sampling": {k: cfg[k] for k in ("temperature", "top_p", "max_tokens", "extra_body")},
+            "config": cfg,
+            "started_at": self.started_at,
+            "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "stats": self.stats.as_dict(),
+        })
+
+    # ---- during -----------------------------------------------------------------------------
+
+    async def execute(self, on_progress: Callable[[Snapshot], None] | None) -> None:
+        """Run `backend.workers` conversations at a time until every pending row is handled;
+        flush the shards (also when cancelled) and keep progress ticking."""
+        self.t0 = time.perf_counter()
+        rows = self._pending_rows()
+        ticker = asyncio.create_task(self._tick(on_progress))
+        try:
+            await asyncio.gather(*(self._worker(rows) for _ in range(self.backend.workers)))
+        finally:
+            ticker.cancel()
+            self.writer.flush()
+            self.errors.close()
+            self.stats.wall_s = time.perf_counter() - self.t0
+            if on_progress is not None:
+                on_progress(self.snapshot())
+
+    def _pending_rows(self) -> Iterator[MixRow | BadRow]:
+        seen: set[str] = set()
+        for row in iter_mix(self.config.mix, self.config.limit):
+            if row.id in self.skip or row.id in seen:
+                continue
+            seen.add(row.id)
+            yield row
+
+    async def _worker(self, rows: Iterator[MixRow | BadRow]) -> None:
+        # Workers share one iterator; taking the next row never awaits, so no row is taken twice.
+        for row in rows:
+            if isinstance(row, BadRow):
+                self._fail(row.id, f"malformed mix row: {row.reason}", status="malformed", permanent=True)
+                self.stats.malformed += 1
+                continue
+            if not row.keep_responses and not answer_points(row):
+                self._fail(row.id, "malformed mix row: no unanswered user turn", status="malformed", permanent=True)
+                self.stats.malformed += 1
+                continue
+            try:
+                result = await regenerate(row, self.backend.complete)
+            except RequestError as exc:
+                self._fail(row.id, str(exc), status=exc.status, permanent=exc.permanent,
+                           endpoint=exc.endpoint, attempts=exc.attempts, source=row.source)
+                continue
+            self.writer.add(output_record(row, result, self.config.model))
+            if row.keep_responses:
+                self.stats.kept += 1
+            else:
+                self.stats.generated += 1
+                self.stats.prompt_tokens += result.prompt_tokens
+                self.stats.completion_tokens += result.completion_tokens
+                self.stats.finish_length += sum(1 for f in result.finish_reasons if f == "length")
+
+    def _fail(self, row_id: str, error: str, *, status: int | str | None, permanent: bool, **extra: Any) -> None:
+        self.stats.errors += 1
+        self.errors.add({"id": row_id, "error": error, "status": status, "permanent": permanent,
+                         "run_id": self.stats.run_id, **extra})
+
+    async def _tick(self, on_progress: Callable[[Snapshot], None] | None) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.writer.flush_if_due()
+            if on_progress is not None:
+                on_progress(self.snapshot())
+
+    def snapshot(self) -> Snapshot:
+        """Return the live numbers of the run."""
+        elapsed = max(time.perf_counter() - self.t0, 1e-9)
+        requests = sum(self.backend.requests_by_endpoint().values())
+        return Snapshot(
+            total=self.todo,
+            done=self.stats.generated + self.stats.kept + self.stats.errors,
+            generated=self.stats.generated + self.stats.kept,
+            errors=self.stats.errors,
+            in_flight=self.backend.in_flight(),
+            requests_per_s=requests / elapsed,
+            output_tokens_per_s=self.stats.completion_tokens / elapsed,
+            elapsed_s=elapsed,
+        )
+
+    # ---- after ------------------------------------------------------------------------------
+
+    def finish(self) -> GenerationStats:
+        """Compact the errors file, count what the directory now holds, write generation.json
+        with status 'complete' (nothing missing) or 'incomplete'; return the stats."""
+        stats = self.stats
+        stats.requests_by_endpoint = self.backend.requests_by_endpoint()
+        stats.errors_by_endpoint = dict(self.backend.errors_by_endpoint)
+        stats.requests = sum(stats.requests_by_endpoint.values())
+        stats.retries = self.backend.retries
+        stats.shards_written = self.writer.shards_written
+        stats.requests_per_s = stats.requests / stats.wall_s if stats.wall_s else 0.0
+        stats.output_tokens_per_s = stats.completion_tokens / stats.wall_s if stats.wall_s else 0.0
+        done = scan_shards(self.out).done_ids
+        self.errors.load()
+        self.errors.compact(done)
+        ids = set(read_mix_ids(self.config.mix, self.config.limit))
+        stats.done_total = len(ids & done)
+        stats.errors_total = len(ids & set(self.errors.records))
+        stats.missing = len(ids) - stats.done_total - stats.errors_total
+        self.write_meta("complete" if stats.missing == 0 else "incomplete")
+        return stats

@@ -1,0 +1,249 @@
+"""The generation output directory: immutable JSONL shards, the errors file, run metadata.
+
+Exactly-once comes from one rule: a record counts as done only once it is inside a shard that
+was renamed into place whole (written to a temporary name in the same directory, fsynced,
+then os.replace). A shard is never touched again, and a new run skips every id found in one.
+So a crash at any instant, SIGKILL included, loses only the buffered records (at most
+`max_age_s` of work), which the next run simply does again; no id can be written twice.
+
+errors.jsonl is appended line by line (a crash can leave a torn last line, which is counted and
+skipped) and rewritten whole, atomically, at the start and end of every run, keeping one line
+per id that is still failed and not in a shard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from curator.errors import ConfigError
+
+SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
+ERRORS_FILE = "errors.jsonl"
+META_FILE = "generation.json"
+LOCK_FILE = ".generate.lock"
+TMP_MARK = ".tmp-"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as indented JSON to `path`, atomically."""
+    write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename itself must reach the disk, or a power cut could undo a "done" shard.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lines(records: Iterable[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+
+
+def shard_paths(out_dir: str | Path) -> list[Path]:
+    """Return the finished shards of `out_dir` in index order."""
+    root = Path(out_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := SHARD_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+@dataclass
+class ShardScan:
+    """What the finished shards hold."""
+
+    done_ids: set[str] = field(default_factory=set)
+    records: int = 0
+    malformed_lines: int = 0
+    duplicate_ids: int = 0
+    next_index: int = 0
+
+
+def scan_shards(out_dir: str | Path) -> ShardScan:
+    """Return the ids already generated in `out_dir` (and counts of anything odd in the shards)."""
+    scan = ShardScan()
+    for path in shard_paths(out_dir):
+        scan.next_index = max(scan.next_index, int(SHARD_RE.match(path.name).group(1)) + 1)
+        for record in _read_jsonl(path, scan):
+            row_id = record.get("id")
+            if not isinstance(row_id, str):
+                scan.malformed_lines += 1
+                continue
+            if row_id in scan.done_ids:
+                scan.duplicate_ids += 1
+            scan.done_ids.add(row_id)
+            scan.records += 1
+    return scan
+
+
+def iter_records(out_dir: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield every record of every finished shard, in shard order."""
+    scan = ShardScan()
+    for path in shard_paths(out_dir):
+        yield from _read_jsonl(path, scan)
+
+
+def _read_jsonl(path: Path, scan: ShardScan) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                scan.malformed_lines += 1
+                continue
+            if isinstance(record, dict):
+                yield record
+            else:
+                scan.malformed_lines += 1
+
+
+def remove_stale_temporaries(out_dir: Path) -> int:
+    """Delete temporary files a killed run left behind; return how many."""
+    removed = 0
+    for path in out_dir.iterdir():
+        if path.name.startswith(".") and TMP_MARK in path.name:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+class ShardWriter:
+    """Buffers finished records and writes them as the next shard when `max_rows` are waiting
+    or the oldest has waited `max_age_s` (call `flush_if_due` from a timer for quiet spells)."""
+
+    def __init__(self, out_dir: str | Path, next_index: int, *, max_rows: int = 1000, max_age_s: float = 30.0) -> None:
+        self.out_dir = Path(out_dir)
+        self.next_index = next_index
+        self.max_rows = max_rows
+        self.max_age_s = max_age_s
+        self.written = 0
+        self.shards_written = 0
+        self._buffer: list[dict[str, Any]] = []
+        self._oldest: float | None = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Queue a record; it is durable once the shard holding it is flushed."""
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        self._buffer.append(record)
+        if len(self._buffer) >= self.max_rows:
+            self.flush()
+        else:
+            self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        """Flush when the oldest buffered record has waited `max_age_s`."""
+        if self._oldest is not None and time.monotonic() - self._oldest >= self.max_age_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered records as one new shard (nothing when the buffer is empty)."""
+        if not self._buffer:
+            return
+        path = self.out_dir / f"shard-{self.next_index:05d}.jsonl"
+        write_atomic(path, _lines(self._buffer))
+        self.next_index += 1
+        self.shards_written += 1
+        self.written += len(self._buffer)
+        self._buffer = []
+        self._oldest = None
+
+    @property
+    def pending(self) -> int:
+        """Return how many records wait in memory."""
+        return len(self._buffer)
+
+
+class ErrorLog:
+    """errors.jsonl: one record per id that failed for good, with the reason and status."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.path = Path(out_dir) / ERRORS_FILE
+        self.records: dict[str, dict[str, Any]] = {}
+        self.malformed_lines = 0
+        self._fh: IO[str] | None = None
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """Read the file (the last line per id wins; torn lines are counted); return the records."""
+        self.records = {}
+        if self.path.exists():
+            scan = ShardScan()
+            for record in _read_jsonl(self.path, scan):
+                if isinstance(record.get("id"), str):
+                    self.records[record["id"]] = record
+                else:
+                    scan.malformed_lines += 1
+            self.malformed_lines = scan.malformed_lines
+        return self.records
+
+    def compact(self, done_ids: set[str]) -> None:
+        """Rewrite the file atomically without ids that are done (or duplicated, or torn)."""
+        self.close()
+        for row_id in [i for i in self.records if i in done_ids]:
+            del self.records[row_id]
+        if self.records or self.path.exists():
+            write_atomic(self.path, _lines(self.records.values()))
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one failure and push it to disk (failures are rare; losing one is worse)."""
+        if self._fh is None:
+            self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.records[record["id"]] = record
+
+    def close(self) -> None:
+        """Close the append handle."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class OutputLock:
+    """An exclusive lock on the output directory, so two runs never write the same shards.
+    The kernel drops it when the process dies, SIGKILL included."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._fd)
+            self._fd = None
+            raise ConfigError(f"another `curator generate` is writing to {self.path.parent}; wait for it or use another --out") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

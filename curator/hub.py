@@ -1,0 +1,650 @@
+"""Hugging Face Hub access for the scouts: search, dataset details, a per-run cache, offline snapshots.
+
+Two backends share one interface (`HubClient.search`, `HubClient.inspect`):
+- `LiveHub`: `huggingface_hub.HfApi` (`list_datasets`, `dataset_info`) plus `DatasetCard` for the
+  README, and the dataset-viewer REST API through httpx. `HF_ENDPOINT` and `HF_TOKEN` work as in
+  huggingface_hub; the viewer's base URL comes from `CURATOR_VIEWER_URL` (huggingface_hub hard-codes
+  the viewer and ignores `HF_ENDPOINT` for it, so it needs its own setting).
+- `SnapshotHub`: a JSON file written by `build_snapshot`, for machines without network.
+
+Both cache answers for the life of the object (one scout run) and merge concurrent identical
+requests, so ten agents asking for the same dataset cause one fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timezone
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from curator.errors import HubError
+
+VIEWER_URL_ENV = "CURATOR_VIEWER_URL"
+DEFAULT_VIEWER_URL = "https://datasets-server.huggingface.co"
+SNAPSHOT_FORMAT = "curator-hub-snapshot"
+SNAPSHOT_VERSION = 1
+EXAMPLE_ROWS = 3
+CARD_CHARS = 20_000  # what a snapshot keeps of a card; tools truncate further for the model
+
+T = TypeVar("T")
+
+
+class UnknownDatasetError(HubError):
+    """The Hub has no dataset with this id (or it is private to someone else)."""
+
+
+@dataclass
+class DatasetHit:
+    """One search result: what a model needs to decide whether to inspect a dataset."""
+
+    id: str
+    downloads: int | None = None
+    likes: int | None = None
+    tags: list[str] = field(default_factory=list)
+    license: str | None = None
+    size_category: str | None = None
+    gated: bool | str = False
+    last_modified: str | None = None
+
+
+@dataclass
+class SplitInfo:
+    """One config/split of a dataset and its row count (None when the viewer does not know)."""
+
+    config: str
+    split: str
+    num_rows: int | None = None
+
+
+@dataclass
+class DatasetDetails:
+    """Everything `inspect_dataset` reports about one dataset."""
+
+    id: str
+    sha: str | None = None
+    author: str | None = None
+    license: str | None = None
+    gated: bool | str = False
+    downloads: int | None = None
+    likes: int | None = None
+    tags: list[str] = field(default_factory=list)
+    task_categories: list[str] = field(default_factory=list)
+    languages: list[str] = field(default_factory=list)
+    size_category: str | None = None
+    last_modified: str | None = None
+    card_text: str = ""
+    splits: list[SplitInfo] = field(default_factory=list)
+    num_rows: int | None = None  # rows of the largest config (a recipe source reads one config)
+    num_bytes: int | None = None  # parquet bytes of the whole dataset
+    features: dict[str, str] = field(default_factory=dict)  # column -> type, from the previewed split
+    preview_config: str | None = None
+    preview_split: str | None = None
+    example_rows: list[dict[str, Any]] = field(default_factory=list)
+    viewer_error: str | None = None
+
+    def max_rows(self) -> int | None:
+        """Return the row count, or the upper bound of the size category when the viewer has none."""
+        if self.num_rows is not None:
+            return self.num_rows
+        return size_category_upper_bound(self.size_category)
+
+    def hit(self) -> DatasetHit:
+        """Return the search-result view of these details."""
+        return DatasetHit(
+            id=self.id, downloads=self.downloads, likes=self.likes, tags=list(self.tags), license=self.license,
+            size_category=self.size_category, gated=self.gated, last_modified=self.last_modified,
+        )
+
+    def catalog_record(self) -> dict[str, Any]:
+        """Return the row for the catalog's `datasets` table (keys are its column names)."""
+        return {
+            "dataset_id": self.id,
+            "author": self.author,
+            "sha": self.sha,
+            "last_modified": _naive_utc(self.last_modified),
+            "downloads": self.downloads,
+            "likes": self.likes,
+            "tags": list(self.tags),
+            "license": self.license,
+            "gated": str(self.gated) if self.gated else None,
+            "size_category": self.size_category,
+            "num_rows": self.num_rows,
+            "num_bytes": self.num_bytes,
+            "features": dict(self.features),
+            "configs": [asdict(s) for s in self.splits],
+            "task_categories": list(self.task_categories),
+            "card_excerpt": self.card_text[:2000],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DatasetDetails:
+        """Return details rebuilt from `asdict` output (as stored in a snapshot)."""
+        data = dict(data)
+        data["splits"] = [SplitInfo(**s) for s in data.get("splits", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class HubStats:
+    """Counters of one hub object: requests that went out and answers served from the cache."""
+
+    fetches: int = 0
+    cache_hits: int = 0
+    errors: int = 0
+
+
+def _naive_utc(stamp: str | None) -> datetime | None:
+    if not stamp:
+        return None
+    try:
+        value = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value.astimezone(timezone.utc).replace(tzinfo=None) if value.tzinfo else value
+
+
+_SIZE_BOUND = re.compile(r"n\s*<\s*([0-9.]+)\s*([KMBT]?)", re.I)
+_SUFFIX = {"": 1, "K": 1_000, "M": 1_000_000, "B": 1_000_000_000, "T": 1_000_000_000_000}
+
+
+def size_category_upper_bound(category: str | None) -> int | None:
+    """Return the upper bound of a Hub size category such as '10K<n<100K' (None if open-ended)."""
+    if not category:
+        return None
+    match = _SIZE_BOUND.search(category.split(":", 1)[-1])
+    if not match:
+        return None
+    return int(float(match.group(1)) * _SUFFIX[match.group(2).upper()])
+
+
+def _tag_values(tags: Iterable[str], prefix: str) -> list[str]:
+    return [t.split(":", 1)[1] for t in tags if t.startswith(prefix + ":")]
+
+
+def _first(values: Any) -> str | None:
+    if isinstance(values, list):
+        return str(values[0]) if values else None
+    return str(values) if values else None
+
+
+def feature_type(t: Any) -> str:
+    """Return a short type string for a `datasets` feature as the viewer serialises it."""
+    if isinstance(t, list):  # the legacy list-of-one form means a sequence
+        return f"list<{feature_type(t[0]) if t else '?'}>"
+    if not isinstance(t, dict):
+        return str(t)
+    kind = t.get("_type")
+    if kind == "Value":
+        return str(t.get("dtype", "?"))
+    if kind == "ClassLabel":
+        return "label"
+    if kind in ("Sequence", "List", "LargeList"):
+        return f"list<{feature_type(t.get('feature'))}>"
+    if kind is None:  # a plain dict is a struct of named fields
+        return "struct{" + ", ".join(f"{k}: {feature_type(v)}" for k, v in t.items()) + "}"
+    return str(kind)
+
+
+class HubClient:
+    """The scouts' view of the Hub; subclasses implement `_search` and `_inspect`.
+
+    Answers are cached for the object's life; concurrent identical requests share one fetch.
+    Unknown ids stay cached as unknown; transient failures are not cached, so a retry refetches.
+    """
+
+    def __init__(self) -> None:
+        self.stats = HubStats()
+        self._done: dict[tuple, tuple[bool, Any]] = {}
+        self._inflight: dict[tuple, asyncio.Future] = {}
+
+    async def search(self, query: str, limit: int = 20) -> list[DatasetHit]:
+        """Return up to `limit` datasets matching `query`, most downloaded first."""
+        query = " ".join(query.split())
+        if not query:
+            raise HubError("search query is empty")
+        limit = max(1, min(int(limit), 100))
+        return await self._once(("search", query.lower(), limit), lambda: self._search(query, limit))
+
+    async def inspect(self, dataset_id: str) -> DatasetDetails:
+        """Return the details of one dataset; raises UnknownDatasetError for an id the Hub lacks."""
+        dataset_id = dataset_id.strip()
+        if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", dataset_id):
+            raise UnknownDatasetError(f"{dataset_id!r} is not a dataset id of the form owner/name")
+        return await self._once(("inspect", dataset_id), lambda: self._inspect(dataset_id))
+
+    async def aclose(self) -> None:
+        """Release network resources (nothing to do for offline backends)."""
+
+    async def _search(self, query: str, limit: int) -> list[DatasetHit]:
+        raise NotImplementedError
+
+    async def _inspect(self, dataset_id: str) -> DatasetDetails:
+        raise NotImplementedError
+
+    async def _once(self, key: tuple, fetch: Callable[[], Awaitable[T]]) -> T:
+        if key in self._done:
+            self.stats.cache_hits += 1
+            ok, value = self._done[key]
+            if ok:
+                return value
+            raise value
+        future = self._inflight.get(key)
+        if future is None:
+            self.stats.fetches += 1
+            future = asyncio.ensure_future(self._settle(key, fetch))
+            self._inflight[key] = future
+        else:
+            self.stats.cache_hits += 1
+        # shield: one agent being cancelled must not cancel the fetch the others wait on
+        return await asyncio.shield(future)
+
+    async def _settle(self, key: tuple, fetch: Callable[[], Awaitable[T]]) -> T:
+        try:
+            value = await fetch()
+        except UnknownDatasetError as exc:
+            self._done[key] = (False, exc)
+            raise
+        except Exception:
+            self.stats.errors += 1
+            raise
+        else:
+            self._done[key] = (True, value)
+            return value
+        finally:
+            self._inflight.pop(key, None)
+
+
+def _query_words(query: str) -> list[str]:
+    return [w for w in re.split(r"[\s,;:]+", query.lower()) if len(w) >= 2]
+
+
+def _matches_all(hit: DatasetHit, words: list[str], extra: str = "") -> int:
+    haystack = " ".join([hit.id.lower(), " ".join(hit.tags).lower(), extra.lower()])
+    return sum(1 for w in words if w in haystack)
+
+
+class LiveHub(HubClient):
+    """The real Hub (or any server speaking its API) through huggingface_hub and httpx."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        viewer_url: str | None = None,
+        timeout: float = 30.0,
+        cache_dir: str | Path | None = None,
+        viewer_retries: int = 4,
+    ) -> None:
+        super().__init__()
+        from huggingface_hub import HfApi, constants, get_token
+
+        # read the variables now rather than at huggingface_hub's import, so a caller (or test)
+        # that sets HF_ENDPOINT after import is still honoured
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        self._token = token or get_token()
+        self.viewer_url = (viewer_url or os.environ.get(VIEWER_URL_ENV) or DEFAULT_VIEWER_URL).rstrip("/")
+        self.timeout = timeout
+        self.cache_dir = str(cache_dir) if cache_dir is not None else None
+        self.viewer_retries = viewer_retries
+        self._api = HfApi(endpoint=self.endpoint, token=self._token)
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        self._http = httpx.AsyncClient(base_url=self.viewer_url, timeout=timeout, headers=headers)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _search(self, query: str, limit: int) -> list[DatasetHit]:
+        hits = await self._list(query, limit)
+        words = _query_words(query)
+        if hits or len(words) < 2:
+            return hits
+        # The Hub matches `search` as one substring of the id, so "tool use trajectories" finds
+        # nothing; fall back to the longest word and keep the hits that match most words.
+        broad = await self._list(max(words, key=len), 100)
+        ranked = sorted(broad, key=lambda h: (-_matches_all(h, words), -(h.downloads or 0)))
+        return [h for h in ranked if _matches_all(h, words) >= 2][:limit]
+
+    async def _list(self, query: str, limit: int) -> list[DatasetHit]:
+        def call() -> list[DatasetHit]:
+            infos = self._api.list_datasets(search=query, sort="downloads", limit=limit)
+            return [_hit_from_info(info) for info in infos]
+
+        return await asyncio.to_thread(self._hub_call, call, f"searching the Hub for {query!r}")
+
+    async def _inspect(self, dataset_id: str) -> DatasetDetails:
+        info = await asyncio.to_thread(
+            self._hub_call, lambda: self._api.dataset_info(dataset_id), f"reading {dataset_id}"
+        )
+        details = _details_from_info(info)
+        card, _ = await asyncio.gather(
+            asyncio.to_thread(self._card_text, dataset_id, info.sha), self._fill_from_viewer(details)
+        )
+        details.card_text = card
+        return details
+
+    def _hub_call(self, fn: Callable[[], T], what: str) -> T:
+        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+        try:
+            return fn()
+        except RepositoryNotFoundError as exc:
+            raise UnknownDatasetError(f"no such dataset on {self.endpoint} while {what}") from exc
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else "?"
+            raise HubError(f"the Hub answered HTTP {status} while {what}; check HF_ENDPOINT/HF_TOKEN") from exc
+        except _NETWORK_ERRORS as exc:
+            raise HubError(f"cannot reach the Hub at {self.endpoint} while {what}: {type(exc).__name__}") from exc
+
+    def _card_text(self, dataset_id: str, revision: str | None) -> str:
+        from huggingface_hub import DatasetCard, hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+        try:
+            path = hf_hub_download(
+                dataset_id, "README.md", repo_type="dataset", revision=revision, endpoint=self.endpoint,
+                token=self._token, cache_dir=self.cache_dir, etag_timeout=self.timeout,
+            )
+        except EntryNotFoundError:
+            return ""
+        except (HfHubHTTPError, *_NETWORK_ERRORS):
+            # the card is helpful, not essential: metadata and rows still describe the dataset
+            return ""
+        return DatasetCard.load(path).text[:CARD_CHARS]
+
+    async def _viewer(self, path: str, **params: str) -> dict[str, Any]:
+        delay = 1.0
+        for attempt in range(self.viewer_retries + 1):
+            try:
+                response = await self._http.get(path, params=params)
+            except httpx.HTTPError as exc:
+                if attempt == self.viewer_retries:
+                    raise HubError(f"dataset viewer at {self.viewer_url} unreachable: {type(exc).__name__}") from exc
+            else:
+                if response.status_code == 200:
+                    return response.json()
+                if response.status_code not in (429, 500, 502, 503, 504) or attempt == self.viewer_retries:
+                    try:
+                        message = response.json().get("error", "")
+                    except ValueError:
+                        message = response.text[:200]
+                    raise HubError(f"dataset viewer {path} answered HTTP {response.status_code}: {message}")
+                delay = _retry_after(response, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 8.0)
+        raise HubError(f"dataset viewer {path} kept failing")
+
+    async def _fill_from_viewer(self, details: DatasetDetails) -> None:
+        name = details.id
+        try:
+            valid = await self._viewer("/is-valid", dataset=name)
+            if not (valid.get("preview") or valid.get("viewer")):
+                details.viewer_error = "the dataset viewer has no preview of this dataset"
+                return
+            splits_answer, size_answer = await asyncio.gather(
+                self._viewer("/splits", dataset=name), self._viewer("/size", dataset=name), return_exceptions=True
+            )
+            if isinstance(splits_answer, BaseException):
+                raise splits_answer
+            apply_viewer_splits(details, splits_answer, size_answer if isinstance(size_answer, dict) else None)
+            if details.preview_config is not None:
+                rows = await self._viewer(
+                    "/first-rows", dataset=name, config=details.preview_config, split=details.preview_split
+                )
+                apply_viewer_first_rows(details, rows)
+        except HubError as exc:
+            details.viewer_error = str(exc)
+
+
+def _network_errors() -> tuple[type[Exception], ...]:
+    # huggingface_hub 1.x raises httpx errors; 2.x its own httpx2 fork's
+    errors: list[type[Exception]] = [httpx.HTTPError, OSError]
+    try:
+        import httpx2
+    except ImportError:
+        return tuple(errors)
+    return (*errors, httpx2.HTTPError)
+
+
+_NETWORK_ERRORS = _network_errors()
+
+
+def _retry_after(response: httpx.Response, default: float) -> float:
+    value = response.headers.get("Retry-After")
+    try:
+        return min(max(float(value), 0.0), 60.0) if value is not None else default
+    except ValueError:
+        return default
+
+
+def apply_viewer_splits(details: DatasetDetails, splits: dict[str, Any], size: dict[str, Any] | None) -> None:
+    """Fill splits, row counts and the previewed split from viewer /splits and /size answers."""
+    rows_by_split: dict[tuple[str, str], int] = {}
+    rows_by_config: dict[str, int] = {}
+    if size:
+        body = size.get("size", {})
+        for s in body.get("splits", []):
+            if isinstance(s.get("num_rows"), int):
+                rows_by_split[(s.get("config"), s.get("split"))] = s["num_rows"]
+        for c in body.get("configs", []):
+            if isinstance(c.get("num_rows"), int):
+                rows_by_config[c.get("config")] = c["num_rows"]
+        total_bytes = body.get("dataset", {}).get("num_bytes_parquet_files")
+        details.num_bytes = total_bytes if isinstance(total_bytes, int) else None
+    details.splits = [
+        SplitInfo(config=str(s.get("config")), split=str(s.get("split")), num_rows=rows_by_split.get((s.get("config"), s.get("split"))))
+        for s in splits.get("splits", [])
+        if s.get("config") is not None and s.get("split") is not None
+    ]
+    if not rows_by_config:
+        for s in details.splits:
+            if s.num_rows is not None:
+                rows_by_config[s.config] = rows_by_config.get(s.config, 0) + s.num_rows
+    details.num_rows = max(rows_by_config.values()) if rows_by_config else None
+    if details.splits:
+        configs = [s.config for s in details.splits]
+        config = "default" if "default" in configs else configs[0]
+        names = [s.split for s in details.splits if s.config == config]
+        details.preview_config = config
+        details.preview_split = "train" if "train" in names else names[0]
+
+
+def apply_viewer_first_rows(details: DatasetDetails, answer: dict[str, Any], keep: int = EXAMPLE_ROWS) -> None:
+    """Fill the column schema and a few example rows from a viewer /first-rows answer."""
+    details.features = {
+        str(f.get("name")): feature_type(f.get("type")) for f in answer.get("features", []) if f.get("name") is not None
+    }
+    details.example_rows = [r.get("row", {}) for r in answer.get("rows", [])[:keep] if isinstance(r, dict)]
+
+
+def _hit_from_info(info: Any) -> DatasetHit:
+    tags = list(getattr(info, "tags", None) or [])
+    card = getattr(info, "card_data", None)
+    card_license = _first(card.get("license")) if card is not None else None
+    last = getattr(info, "last_modified", None)
+    return DatasetHit(
+        id=info.id,
+        downloads=getattr(info, "downloads", None),
+        likes=getattr(info, "likes", None),
+        tags=tags,
+        license=card_license or _first(_tag_values(tags, "license")),
+        size_category=_first(_tag_values(tags, "size_categories")),
+        gated=getattr(info, "gated", False) or False,
+        last_modified=last.isoformat() if hasattr(last, "isoformat") else last,
+    )
+
+
+def _details_from_info(info: Any) -> DatasetDetails:
+    hit = _hit_from_info(info)
+    card = getattr(info, "card_data", None)
+    tags = hit.tags
+
+    def card_list(key: str) -> list[str]:
+        value = card.get(key) if card is not None else None
+        if isinstance(value, str):
+            return [value]
+        return [str(v) for v in value] if isinstance(value, list) else []
+
+    return DatasetDetails(
+        id=hit.id, sha=getattr(info, "sha", None), author=getattr(info, "author", None), license=hit.license,
+        gated=hit.gated, downloads=hit.downloads, likes=hit.likes, tags=tags,
+        task_categories=card_list("task_categories") or _tag_values(tags, "task_categories"),
+        languages=card_list("language") or _tag_values(tags, "language"),
+        size_category=_first(card_list("size_categories")) or hit.size_category,
+        last_modified=hit.last_modified,
+    )
+
+
+class SnapshotHub(HubClient):
+    """The Hub as saved in a snapshot file: recorded searches replay; others match locally."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise HubError(f"Hub snapshot {self.path} does not exist; make one with `curator hub snapshot --out FILE`") from exc
+        except (OSError, ValueError) as exc:
+            raise HubError(f"Hub snapshot {self.path} is not readable JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+            raise HubError(f"{self.path} is not a curator Hub snapshot (expected format {SNAPSHOT_FORMAT!r})")
+        self.meta = {k: v for k, v in data.items() if k not in ("datasets", "searches")}
+        self.searches: dict[str, list[str]] = {k.lower(): list(v) for k, v in data.get("searches", {}).items()}
+        self.datasets: dict[str, DatasetDetails] = {}
+        self.skipped = 0
+        for dataset_id, record in data.get("datasets", {}).items():
+            try:
+                self.datasets[dataset_id] = DatasetDetails.from_dict({**record, "id": dataset_id})
+            except (TypeError, ValueError):
+                self.skipped += 1  # a hand-edited record that no longer parses: count it, keep the rest
+
+    async def _search(self, query: str, limit: int) -> list[DatasetHit]:
+        recorded = self.searches.get(query.lower())
+        if recorded is not None:
+            return [self.datasets[i].hit() for i in recorded if i in self.datasets][:limit]
+        words = _query_words(query)
+        scored = []
+        for details in self.datasets.values():
+            text = " ".join([details.card_text[:400], " ".join(details.task_categories)])
+            n = _matches_all(details.hit(), words, text)
+            # a phrase found whole in the id counts like all its words
+            if query.lower() in details.id.lower():
+                n = max(n, len(words))
+            if n:
+                scored.append((n, details.downloads or 0, details.id))
+        scored.sort(key=lambda s: (-s[0], -s[1], s[2]))
+        return [self.datasets[i].hit() for _, _, i in scored[:limit]]
+
+    async def _inspect(self, dataset_id: str) -> DatasetDetails:
+        details = self.datasets.get(dataset_id)
+        if details is None:
+            raise UnknownDatasetError(f"{dataset_id} is not in the Hub snapshot {self.path.name}")
+        return details
+
+
+def bundled_snapshot_path() -> Path:
+    """Return the path of the snapshot shipped with the package (real dataset metadata, for the demo)."""
+    return Path(__file__).parent / "data" / "hub_snapshot.json"
+
+
+def open_hub(source: str | Path | None = None, **live_options: Any) -> HubClient:
+    """Return a SnapshotHub for a snapshot file, 'bundled' for the shipped one, or the live Hub for None."""
+    if source is None:
+        return LiveHub(**live_options)
+    if str(source) == "bundled":
+        return SnapshotHub(bundled_snapshot_path())
+    return SnapshotHub(source)
+
+
+@dataclass
+class SnapshotSummary:
+    """What `build_snapshot` saved."""
+
+    path: Path
+    queries: int
+    datasets: int
+    failed: list[str]
+    wall_s: float
+
+
+async def build_snapshot(
+    hub: HubClient,
+    queries: Iterable[str],
+    out: str | Path,
+    per_query: int = 10,
+    extra_ids: Iterable[str] = (),
+    concurrency: int = 8,
+) -> SnapshotSummary:
+    """Run the searches, inspect every hit (and `extra_ids`), and write a snapshot file atomically."""
+    start = time.perf_counter()
+    searches: dict[str, list[str]] = {}
+    failed: list[str] = []
+    limit = asyncio.Semaphore(concurrency)
+
+    async def search(q: str) -> None:
+        async with limit:
+            try:
+                searches[q] = [h.id for h in await hub.search(q, per_query)]
+            except HubError as exc:
+                failed.append(f"search {q!r}: {exc}")
+
+    query_list = list(dict.fromkeys(" ".join(q.split()) for q in queries if q.strip()))
+    await asyncio.gather(*(search(q) for q in query_list))
+    ids = list(dict.fromkeys([*(i for q in query_list for i in searches.get(q, [])), *extra_ids]))
+    datasets: dict[str, dict[str, Any]] = {}
+
+    async def inspect(dataset_id: str) -> None:
+        async with limit:
+            try:
+                details = await hub.inspect(dataset_id)
+            except HubError as exc:
+                failed.append(f"inspect {dataset_id}: {exc}")
+                return
+            record = asdict(details)
+            record.pop("id")
+            record["card_text"] = record["card_text"][:CARD_CHARS]
+            datasets[dataset_id] = record
+
+    await asyncio.gather(*(inspect(i) for i in ids))
+    payload = {
+        "format": SNAPSHOT_FORMAT,
+        "version": SNAPSHOT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": getattr(hub, "endpoint", type(hub).__name__),
+        "searches": {q: searches[q] for q in query_list if q in searches},
+        "datasets": {i: datasets[i] for i in ids if i in datasets},
+    }
+    path = Path(out)
+    write_json_atomic(path, payload)
+    return SnapshotSummary(path, len(payload["searches"]), len(payload["datasets"]), failed, time.perf_counter() - start)
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to `path` atomically (see write_text_atomic)."""
+    write_text_atomic(path, json.dumps(payload, ensure_ascii=False, indent=1, default=str))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text to `path` through a temp file in the same folder, then rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a recipe or snapshot is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,179 @@
+"""Readers: raw rows of one source, from the Hub (via `datasets`, streamed) or local files.
+
+Every reader yields plain dicts, or a BrokenRow where a record could not even be parsed
+(a bad JSON line): those are counted as malformed, never fatal. A source can be read
+more than once (sampling may need a second pass), so readers are re-openable callables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from curator.errors import ConfigError, HubError
+from curator.mix.recipe import SourceSpec
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+_CHUNK = 1 << 20
+_SHUFFLE_BUFFER = 10_000
+
+
+@dataclass(frozen=True)
+class BrokenRow:
+    """A record that could not be parsed into a row; `reason` says why."""
+
+    reason: str
+
+
+Row = dict[str, Any] | BrokenRow
+RowSource = Callable[[], Iterator[Row]]
+
+
+def local_files(path: Path) -> list[Path]:
+    """Return the data files of a local source: the file itself, or a folder's files in name order."""
+    if path.is_file():
+        if not path.name.endswith(LOCAL_SUFFIXES):
+            raise ConfigError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+        if not files:
+            raise ConfigError(f"{path}: folder has no .jsonl, .json or .parquet files")
+        return files
+    raise ConfigError(f"{path}: no such file or folder")
+
+
+def _as_row(value: Any, where: str) -> Row:
+    return value if isinstance(value, dict) else BrokenRow(f"record is {type(value).__name__}, not an object ({where})")
+
+
+def read_jsonl(path: Path) -> Iterator[Row]:
+    """Yield one row per non-blank line of a JSON Lines file."""
+    with path.open("rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
+                continue
+            yield _as_row(value, f"{path.name}:{lineno}")
+
+
+def read_json(path: Path) -> Iterator[Row]:
+    """Yield the rows of a .json file: a top-level array streamed element by element, else JSON Lines."""
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        head = fh.read(_CHUNK)
+        if not head.lstrip().startswith("["):
+            fh.close()
+            yield from read_jsonl(path)
+            return
+        yield from _json_array(fh, head, path)
+
+
+def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
+    # raw_decode one element at a time so that a 600 MB array never sits in memory as objects.
+    decoder = json.JSONDecoder()
+    pos = buf.index("[") + 1
+    eof = False
+    count = 0
+    while True:
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buf) or eof:
+                break
+            more = fh.read(_CHUNK)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+        if pos >= len(buf):
+            yield BrokenRow(f"JSON array not closed ({path.name})")
+            return
+        if buf[pos] == "]":
+            return
+        try:
+            value, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if eof:
+                yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
+                return
+            more = fh.read(_CHUNK)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+            continue
+        count += 1
+        yield _as_row(value, f"{path.name}[{count - 1}]")
+        pos = end
+        if pos > _CHUNK:
+            buf, pos = buf[pos:], 0
+
+
+def read_parquet(path: Path) -> Iterator[Row]:
+    """Yield the rows of a parquet file, one record batch at a time."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        yield from batch.to_pylist()
+
+
+_READERS = {".jsonl": read_jsonl, ".json": read_json, ".parquet": read_parquet}
+
+
+def _local_rows(files: list[Path]) -> Iterator[Row]:
+    for f in files:
+        suffix = next(s for s in LOCAL_SUFFIXES if f.name.endswith(s))
+        yield from _READERS[suffix](f)
+
+
+def _hub_rows(spec: SourceSpec, seed: int) -> Iterator[Row]:
+    import datasets  # heavy import; only Hub sources pay for it
+
+    what = f"{spec.dataset} (config {spec.config or 'default'}, split {spec.split})"
+    try:
+        ds = datasets.load_dataset(
+            spec.dataset,
+            name=spec.config,
+            split=spec.split,
+            data_files=spec.data_files,
+            revision=spec.revision,
+            streaming=spec.streaming,
+        )
+    except Exception as exc:  # the datasets library raises many types; all mean "cannot load"
+        raise HubError(f"cannot load {what}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    if spec.scan is not None:
+        # A scan limit reads a prefix; shuffling shard order first makes that prefix a fairer sample.
+        if spec.streaming:
+            ds = ds.shuffle(seed=seed, buffer_size=_SHUFFLE_BUFFER).take(spec.scan)
+        else:
+            ds = ds.shuffle(seed=seed).select(range(min(spec.scan, len(ds))))
+    it = iter(ds)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:  # network or decoding failure mid-stream: the source cannot be read
+            raise HubError(f"reading {what} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        yield _as_row(row, what)
+
+
+def open_source(spec: SourceSpec, base_dir: Path, seed: int) -> RowSource:
+    """Return a callable that yields the source's rows from the start each time it is called."""
+    if spec.path is not None:
+        path = Path(spec.path)
+        files = local_files(path if path.is_absolute() else base_dir / path)
+        if spec.scan is not None:
+            return lambda: _take(_local_rows(files), spec.scan)
+        return lambda: _local_rows(files)
+    return lambda: _hub_rows(spec, seed)
+
+
+def _take(rows: Iterator[Row], n: int) -> Iterator[Row]:
+    for i, row in enumerate(rows):
+        if i >= n:
+            return
+        yield row

@@ -1,0 +1,181 @@
+"""Mix recipes: the pydantic model of a recipe YAML and its loader.
+
+A recipe names everything that changes a mix (sources, quotas, turn policy, filters,
+dedup, seed), so that the same file always builds the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from curator.errors import ConfigError
+
+FORMAT_NAMES = (
+    "auto",
+    "sharegpt",
+    "messages",
+    "instruction-response",
+    "input-output",
+    "query-answer",
+    "alpaca",
+    "swe-agent",
+    "glaive",
+    "xlam",
+    "openthoughts",
+    # aliases named after the datasets that made them known
+    "magicoder",
+    "opencodeinstruct",
+    "codefeedback",
+)
+FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    """One source of the mix: a Hub dataset (`dataset`) or local file/folder (`path`)."""
+
+    dataset: str | None = None
+    path: str | None = None
+    name: str | None = Field(None, description="label in the output's `source` column; defaults from dataset/path")
+    config: str | None = None
+    split: str = "train"
+    data_files: str | list[str] | None = None
+    revision: str | None = None
+    format: FormatName = "auto"
+    samples: int = Field(gt=0)
+    category: str = "general"
+    turns: Literal["all", "last"] | None = Field(None, description="default: 'last' for agentic formats, else 'all'")
+    keep_responses: bool = False
+    license: str | None = None
+    scan: int | None = Field(None, gt=0, description="read at most this many rows (shuffled shards) instead of all")
+    streaming: bool = True
+
+    @model_validator(mode="after")
+    def _one_location(self) -> SourceSpec:
+        if (self.dataset is None) == (self.path is None):
+            raise ValueError("give exactly one of `dataset` (a Hub id) or `path` (a local file or folder)")
+        return self
+
+    def label(self) -> str:
+        """Return the source's name: `name`, else the dataset id or path with config and split."""
+        if self.name:
+            return self.name
+        base = self.dataset if self.dataset is not None else str(self.path)
+        if self.config:
+            base += f":{self.config}"
+        if self.split != "train" and self.dataset is not None:
+            base += f"[{self.split}]"
+        return base
+
+
+class DedupSpec(_Strict):
+    """Dedup across all sources; `near` is a MinHash Jaccard threshold or false."""
+
+    exact: bool = True
+    near: float | None = 0.85
+
+    @field_validator("near", mode="before")
+    @classmethod
+    def _near(cls, value: Any) -> Any:
+        # YAML `near: false` switches near-dedup off; `true` is ambiguous (which threshold?).
+        if value is False:
+            return None
+        if value is True:
+            raise ValueError("give a Jaccard threshold such as 0.85, or false")
+        return value
+
+    @field_validator("near")
+    @classmethod
+    def _near_range(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError("near must be a Jaccard threshold in (0, 1], or false")
+        return value
+
+
+class FilterSpec(_Strict):
+    """Prompt filters applied to every source."""
+
+    max_prompt_chars: int | None = Field(200_000, gt=0)
+    max_prompt_tokens: int | None = Field(None, gt=0, description="needs a tokenizer (build-mix --tokenizer)")
+    licenses: list[str] | None = Field(None, description="allow-list; sources with another or unknown license are skipped")
+
+
+class Recipe(_Strict):
+    """A whole mix: sources in priority order (earlier wins a duplicate), dedup, filters, seed."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    seed: int = 0
+    sources: list[SourceSpec] = Field(min_length=1)
+    dedup: DedupSpec = DedupSpec()
+    filters: FilterSpec = FilterSpec()
+    rows_per_part: int = Field(50_000, gt=0)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Recipe:
+        seen: set[str] = set()
+        for i, src in enumerate(self.sources):
+            label = src.label()
+            if label in seen:
+                raise ValueError(f"sources[{i}] has the same name as an earlier source ({label!r}); give it a `name:`")
+            seen.add(label)
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        """Return the folder relative `path:` sources resolve against (the recipe file's folder)."""
+        return self._base_dir
+
+    def with_base_dir(self, base_dir: Path) -> Recipe:
+        """Return this recipe with relative paths resolving against `base_dir`."""
+        self._base_dir = Path(base_dir)
+        return self
+
+    def total_samples(self) -> int:
+        """Return the sum of the sources' quotas."""
+        return sum(s.samples for s in self.sources)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def recipe_from_dict(data: Any, where: str = "recipe") -> Recipe:
+    """Return the validated recipe; errors name the key and `where` (the file)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a recipe is a mapping with name, seed, sources, ... (got {type(data).__name__})")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{_loc(tuple(err['loc']))}: {msg}")
+        raise ConfigError(f"{where}: " + "; ".join(problems)) from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Return the recipe in a YAML file; relative source paths resolve against its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    return recipe_from_dict(data, str(path)).with_base_dir(path.resolve().parent)

@@ -1,0 +1,213 @@
+"""The scout's single catalog writer: agents enqueue, one task writes, in order.
+
+DuckDB lets one writer hold the file at a time, and the catalog opens a connection per call,
+so concurrent agents must not write it directly. Every write goes through one asyncio queue
+and one writer task that runs the (blocking) catalog calls in a worker thread, one at a time,
+batching tool-call log rows into one transaction. Anything enqueued is written even if the
+agent that enqueued it is cancelled afterwards; `stop()` drains the queue before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from curator.catalog import Catalog
+from curator.errors import CuratorError
+
+T = TypeVar("T")
+
+_STOP = object()
+
+
+@dataclass
+class _Job:
+    kind: str  # "tool_call" rows are batched; everything else runs alone
+    payload: Any
+    future: asyncio.Future | None = None
+
+
+@dataclass
+class SinkStats:
+    """What the writer did: rows written per kind and the failures it could not report to a caller."""
+
+    written: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+class CatalogSink:
+    """The one writer of a scout run's catalog rows."""
+
+    def __init__(self, catalog: Catalog, batch_max: int = 500) -> None:
+        self.catalog = catalog
+        self.batch_max = batch_max
+        self.stats = SinkStats()
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._datasets_seen: set[tuple[str, str | None]] = set()
+
+    async def start(self) -> None:
+        """Start the writer task (idempotent)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._writer(), name="catalog-writer")
+
+    async def stop(self) -> None:
+        """Write everything enqueued so far, then end the writer task."""
+        if self._task is None or self._queue is None:
+            return
+        if not self._task.done():
+            self._queue.put_nowait(_STOP)
+            try:
+                await asyncio.shield(self._task)
+            except asyncio.CancelledError:
+                # our caller is being cancelled: still finish the writes before giving up
+                await self._task
+                raise
+        # a writer cancelled from outside may leave work behind: write it here
+        leftovers = []
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not _STOP:
+                leftovers.append(item)
+        for job in leftovers:
+            await self._write([job])
+        self._task = None
+
+    async def flush(self) -> None:
+        """Return once everything enqueued before this call is written."""
+        await self.call(lambda catalog: None)
+
+    async def candidate(
+        self,
+        run_id: str,
+        agent: str,
+        dataset_id: str,
+        category: str,
+        relevance: float,
+        rationale: str,
+        suggested_samples: int,
+    ) -> int:
+        """Write one candidate row and return its id (waits for the write)."""
+        args = (run_id, agent, dataset_id, category, relevance, rationale, suggested_samples)
+        return await self.call(lambda catalog: catalog.add_candidate(*args))
+
+    async def tool_call(
+        self,
+        run_id: str,
+        agent: str,
+        turn: int,
+        tool: str,
+        arguments: dict[str, Any],
+        ok: bool,
+        result_summary: str,
+        error: str | None,
+        latency_ms: float,
+    ) -> None:
+        """Enqueue one audit-log row (does not wait for the write)."""
+        self.log_tool_call(run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)
+
+    def log_tool_call(
+        self,
+        run_id: str,
+        agent: str,
+        turn: int,
+        tool: str,
+        arguments: dict[str, Any],
+        ok: bool,
+        result_summary: str,
+        error: str | None,
+        latency_ms: float,
+    ) -> None:
+        """Enqueue one audit-log row without suspending (safe to call while a task is being cancelled)."""
+        self._put(_Job("tool_call", (run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)))
+
+    async def dataset(self, info: dict[str, Any]) -> None:
+        """Enqueue an upsert of one dataset's Hub metadata (once per dataset revision per run)."""
+        self.upsert_dataset(info)
+
+    def upsert_dataset(self, info: dict[str, Any]) -> None:
+        """Enqueue an upsert of one dataset's Hub metadata without suspending."""
+        key = (str(info.get("dataset_id")), info.get("sha"))
+        if key in self._datasets_seen:
+            return
+        self._datasets_seen.add(key)
+        self._put(_Job("dataset", dict(info)))
+
+    async def agent(
+        self,
+        run_id: str,
+        agent: str,
+        category: str,
+        turns: int,
+        input_tokens: int,
+        output_tokens: int,
+        candidates: int,
+        errors: int,
+        state: str,
+        wall_s: float,
+        error: str | None = None,
+    ) -> None:
+        """Enqueue one agent's accounting row (`scout_agents`; insert or replace)."""
+        args = (run_id, agent, category, turns, input_tokens, output_tokens, candidates, errors, state, wall_s, error)
+        self._put(_Job("agent", args))
+
+    async def call(self, fn: Callable[[Catalog], T]) -> T:
+        """Run `fn(catalog)` on the writer, after everything enqueued before; return its result."""
+        future = asyncio.get_running_loop().create_future()
+        self._put(_Job("call", fn, future))
+        return await future
+
+    def _put(self, job: _Job) -> None:
+        if self._queue is None or self._task is None:
+            raise CuratorError("the catalog sink is not started; call `await sink.start()` first")
+        self._queue.put_nowait(job)
+
+    async def _writer(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = await self._queue.get()
+            batch = [item]
+            while len(batch) < self.batch_max and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            stop = any(job is _STOP for job in batch)
+            await self._write([job for job in batch if job is not _STOP])
+            if stop:
+                return
+
+    async def _write(self, batch: list[_Job]) -> None:
+        # consecutive tool-call rows go in one transaction; order with other writes is kept
+        i = 0
+        while i < len(batch):
+            if batch[i].kind == "tool_call":
+                j = i
+                while j < len(batch) and batch[j].kind == "tool_call":
+                    j += 1
+                rows = [job.payload for job in batch[i:j]]
+                await self._run("tool_call", lambda c, rows=rows: c.log_tool_calls(rows), None, len(rows))
+                i = j
+                continue
+            job = batch[i]
+            if job.kind == "dataset":
+                await self._run("dataset", lambda c, info=job.payload: c.upsert_dataset(info), None)
+            elif job.kind == "agent":
+                await self._run("agent", lambda c, a=job.payload: c.record_agent(*a), None)
+            else:
+                await self._run("call", job.payload, job.future)
+            i += 1
+
+    async def _run(self, kind: str, fn: Callable[[Catalog], Any], future: asyncio.Future | None, rows: int = 1) -> None:
+        try:
+            result = await asyncio.to_thread(fn, self.catalog)
+        except Exception as exc:  # the writer must outlive one bad row; the failure goes to its caller or stats
+            if future is not None and not future.done():
+                future.set_exception(exc)
+            else:
+                self.stats.errors.append(f"{kind}: {exc}")
+            return
+        self.stats.written[kind] = self.stats.written.get(kind, 0) + rows
+        if future is not None and not future.done():
+            future.set_result(result)

@@ -1,0 +1,156 @@
+"""A local server on 127.0.0.1 that plays vLLM's part in `extract_hidden_states` mode, for tests.
+
+It tokenises nothing: /v1/completions takes the prompt as token ids, runs a transformers model on
+exactly those ids, writes {hidden_states [seq, n_layers, H] (bf16, the model's serving dtype),
+token_ids [seq]} as safetensors into its shared directory, and answers like vLLM with
+`kv_transfer_params.hidden_states_path` and `choices[0].prompt_token_ids`.
+
+Layer ids follow vLLM: id L < N is the residual stream entering layer L (transformers'
+hidden_states[L]); id N is the last layer's output before the final norm. The states are computed
+here with `output_hidden_states` and a hook on the last layer, independently of the toolkit's
+own capture code.
+
+Faults, for the failure tests (`fault=`): "truncate" (half a file), "missing" (no file),
+"wrong_layers" (one layer too few), "wrong_ids" (echoes other prompt ids), "hidden_dir" (reports
+a path under a directory the client cannot see), "flaky" (503 on the first `flaky` requests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+
+class FakeVllmServer:
+    """Serves one model; `with FakeVllmServer(model_dir, shared_dir, layer_ids) as s: s.url`."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        shared_dir: str | Path,
+        layer_ids: list[int],
+        *,
+        served_name: str | None = None,
+        fault: str | None = None,
+        flaky: int = 0,
+    ) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.shared = Path(shared_dir)
+        self.shared.mkdir(parents=True, exist_ok=True)
+        self.layer_ids = list(layer_ids)
+        self.served_name = served_name or str(model_dir)
+        self.fault = fault
+        self.flaky = flaky
+        self.requests = 0
+        self.prompts: list[list[int]] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._model_lock = threading.Lock()  # hooks are per model, so forwards run one at a time
+        self._httpd: ThreadingHTTPServer | None = None
+        self.url = ""
+
+    def __enter__(self) -> FakeVllmServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": server.served_name, "object": "model"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path != "/v1/completions":
+                    self._send(404, {"error": {"message": "not found"}})
+                    return
+                status, answer = server.complete(body)
+                self._send(status, answer)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    @torch.no_grad()
+    def states(self, ids: list[int]) -> torch.Tensor:
+        """Return [seq, n_layers, H] for the layer ids, vLLM's numbering."""
+        x = torch.tensor([ids])
+        n = self.model.config.num_hidden_layers
+        last: dict[str, torch.Tensor] = {}
+        hook = self.model.model.layers[n - 1].register_forward_hook(lambda m, a, o: last.__setitem__("out", o))
+        try:
+            out = self.model(input_ids=x, output_hidden_states=True)
+        finally:
+            hook.remove()
+        picked = [last["out"][0] if i == n else out.hidden_states[i][0] for i in self.layer_ids]
+        return torch.stack(picked, dim=1).to(torch.bfloat16)
+
+    def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Return (status, answer) for a completions request."""
+        with self._lock:
+            self.requests += 1
+            n_req = self.requests
+            rid = next(self._ids)
+        if n_req <= self.flaky:
+            return 503, {"error": {"message": "engine busy"}}
+        if body.get("model") != self.served_name:
+            return 404, {"error": {"message": f"model {body.get('model')} does not exist"}}
+        ids = body.get("prompt")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return 400, {"error": {"message": "this fake takes token ids only"}}
+        with self._lock:
+            self.prompts.append(list(ids))
+        with self._model_lock:
+            hs = self.states(ids)
+        if self.fault == "wrong_layers":
+            hs = hs[:, :-1]
+        path = self.shared / f"cmpl-{rid}.safetensors"
+        if self.fault != "missing":
+            save_file({"hidden_states": hs.contiguous(), "token_ids": torch.tensor(ids)}, str(path))
+        if self.fault == "truncate":
+            data = path.read_bytes()
+            path.write_bytes(data[: len(data) // 2])
+        reported = str(path)
+        if self.fault == "hidden_dir":
+            reported = f"/nonexistent-engine-volume/{path.name}"
+        echoed = list(ids) if self.fault != "wrong_ids" else list(ids[:-1])
+        answer = {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.served_name,
+            "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
+                         "prompt_token_ids": echoed, "token_ids": [0]}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1},
+            "kv_transfer_params": {"hidden_states_path": reported},
+        }
+        return 200, answer

@@ -1,0 +1,233 @@
+"""`curator doctor`: every misconfiguration that silently ruins acceptance is caught before serving."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from curator.cli import main
+from curator.doctor import diagnose, parse_launch
+
+H, HEADS, KV_HEADS, LAYERS, VOCAB, DRAFT_VOCAB = 64, 4, 2, 8, 300, 48
+LAYER_IDS = [2, 4, 5]  # SGLang's default [2, N//2, N-3] for N=8
+
+
+def write_target(root: Path, **overrides: int) -> Path:
+    """A target model directory: only config.json matters to the doctor."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": H, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV_HEADS, "num_hidden_layers": LAYERS, "vocab_size": VOCAB}
+    config.update(overrides)
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def draft_tensors(prefix: str, fc_in: int = 3 * H, draft_vocab: int = DRAFT_VOCAB,
+                  d2t_shift: int = 0) -> dict[str, torch.Tensor]:
+    """Small EAGLE-3 weights laid out as an export writes them (no embedding)."""
+    head_dim = H // HEADS
+    hot = torch.arange(0, 2 * draft_vocab, 2)  # every second target id is in the draft vocab
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[hot] = True
+    layer = {
+        "self_attn.q_proj.weight": torch.zeros(HEADS * head_dim, 2 * H),
+        "self_attn.k_proj.weight": torch.zeros(KV_HEADS * head_dim, 2 * H),
+        "self_attn.v_proj.weight": torch.zeros(KV_HEADS * head_dim, 2 * H),
+        "self_attn.o_proj.weight": torch.zeros(H, HEADS * head_dim),
+        "mlp.gate_proj.weight": torch.zeros(4 * H, H),
+        "mlp.up_proj.weight": torch.zeros(4 * H, H),
+        "mlp.down_proj.weight": torch.zeros(H, 4 * H),
+        "input_layernorm.weight": torch.ones(H),
+        "hidden_norm.weight": torch.ones(H),
+        "post_attention_layernorm.weight": torch.ones(H),
+    }
+    tensors = {prefix + k: v for k, v in layer.items()}
+    tensors.update({
+        "fc.weight": torch.zeros(H, fc_in),
+        "norm.weight": torch.ones(H),
+        "lm_head.weight": torch.zeros(draft_vocab, H),
+        "d2t": hot - torch.arange(draft_vocab) + d2t_shift,
+        "t2d": t2d,
+    })
+    return tensors
+
+
+def write_sglang_export(root: Path, *, config: dict | None = None, **tensor_kwargs) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+           "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "intermediate_size": 4 * H,
+           "num_hidden_layers": 1, "vocab_size": VOCAB, "draft_vocab_size": DRAFT_VOCAB,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": LAYER_IDS}}
+    cfg.update(config or {})
+    (root / "config.json").write_text(json.dumps(cfg))
+    save_file(draft_tensors("midlayer.", **tensor_kwargs), str(root / "model.safetensors"))
+    return root
+
+
+def write_speculators_export(root: Path, prefix: str = "layers.0.") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+           "transformer_layer_config": {"model_type": "llama", "hidden_size": H, "num_attention_heads": HEADS,
+                                        "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB,
+                                        "intermediate_size": 4 * H, "num_hidden_layers": 1},
+           "draft_vocab_size": DRAFT_VOCAB, "norm_before_residual": False,
+           "eagle_aux_hidden_state_layer_ids": LAYER_IDS,
+           "speculators_config": {"algorithm": "eagle3",
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                  "default_proposal_method": "greedy",
+                                  "verifier": {"name_or_path": "target", "architectures": ["LlamaForCausalLM"]}}}
+    (root / "config.json").write_text(json.dumps(cfg))
+    save_file(draft_tensors(prefix), str(root / "model.safetensors"))
+    return root
+
+
+def sglang_cmd(target: Path, draft: Path, algo: str = "EAGLE3", steps: int = 3, topk: int = 1, ndt: int = 4) -> str:
+    return (f"python -m sglang.launch_server --model-path {target} --tp 8 --speculative-algorithm {algo} "
+            f"--speculative-draft-model-path {draft} --speculative-num-steps {steps} "
+            f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {ndt} --port 30000")
+
+
+def vllm_cmd(target: Path, draft: Path, method: str = "eagle3") -> str:
+    spec = json.dumps({"method": method, "model": str(draft), "num_speculative_tokens": 3})
+    return f"vllm serve {target} --tensor-parallel-size 8 --speculative-config {shlex.quote(spec)}"
+
+
+@pytest.fixture()
+def target(tmp_path: Path) -> Path:
+    return write_target(tmp_path / "target")
+
+
+@pytest.fixture()
+def good_draft(tmp_path: Path) -> Path:
+    return write_sglang_export(tmp_path / "draft")
+
+
+def test_correct_sglang_deployment_passes_every_check(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
+    assert report.ok, [c for c in report.errors]
+    assert not [c for c in report.checks if c.status == "warn"]
+    assert {"architecture", "fc shape", "fc width vs target", "vocab size", "aux layers in depth",
+            "algorithm", "draft path", "draft steps"} <= {c.name for c in report.checks}
+
+
+def test_correct_vllm_speculators_deployment_passes(tmp_path: Path, target: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    report = diagnose(draft, target, launch=vllm_cmd(target, draft))
+    assert report.ok, report.errors
+    assert report.launch_command.startswith("vllm serve")
+
+
+# Each case: (what is wrong, how to break the draft dir, how to break the command, check that must fail).
+Case = tuple[str, Callable[[Path], Path], Callable[[Path, Path], str], str]
+CASES: list[Case] = [
+    ("EAGLE instead of EAGLE3", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d, algo="EAGLE"), "algorithm"),
+    ("vLLM method eagle", lambda d: write_sglang_export(d),
+     lambda t, d: vllm_cmd(t, d, method="eagle"), "algorithm"),
+    ("fc for another target width", lambda d: write_sglang_export(d, fc_in=3 * 48, config={"target_hidden_size": 48}),
+     lambda t, d: sglang_cmd(t, d), "fc width vs target"),
+    ("fc that does not match its config", lambda d: write_sglang_export(d, fc_in=2 * H),
+     lambda t, d: sglang_cmd(t, d), "fc shape"),
+    ("vocab of another tokenizer", lambda d: write_sglang_export(d, config={"vocab_size": VOCAB + 2}),
+     lambda t, d: sglang_cmd(t, d), "vocab size"),
+    ("layer id past the target's depth",
+     lambda d: write_sglang_export(d, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, LAYERS]}}),
+     lambda t, d: sglang_cmd(t, d), "aux layers in depth"),
+    ("two layer ids only",
+     lambda d: write_sglang_export(d, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4]}}),
+     lambda t, d: sglang_cmd(t, d), "aux layer ids"),
+    ("wrong draft path", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d.parent / "some-other-draft"), "draft path"),
+    ("num-draft-tokens not steps+1 with topk 1", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d, steps=3, topk=1, ndt=8), "draft steps"),
+    ("tree larger than topk allows", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d, steps=2, topk=2, ndt=9), "draft steps"),
+    ("speculators layout served by SGLang", lambda d: write_speculators_export(d),
+     lambda t, d: sglang_cmd(t, d), "layout vs server"),
+    ("weights under the other layout's names", lambda d: write_speculators_export(d, prefix="midlayer."),
+     lambda t, d: vllm_cmd(t, d), "weight names"),
+    ("d2t pointing outside the target vocab", lambda d: write_sglang_export(d, d2t_shift=VOCAB),
+     lambda t, d: sglang_cmd(t, d), "d2t/t2d"),
+    ("lm_head not draft-vocab wide", lambda d: write_sglang_export(d, config={"draft_vocab_size": DRAFT_VOCAB + 1}),
+     lambda t, d: sglang_cmd(t, d), "lm_head shape"),
+    ("not an EAGLE-3 export", lambda d: write_sglang_export(d, config={"architectures": ["LlamaForCausalLM"]}),
+     lambda t, d: sglang_cmd(t, d), "architecture"),
+    ("server started on another target", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t.parent / "other-model", d), "target model"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_misconfiguration_is_an_error(case: Case, tmp_path: Path, target: Path) -> None:
+    _, make_draft, make_cmd, failing = case
+    draft = make_draft(tmp_path / "draft")
+    report = diagnose(draft, target, launch=make_cmd(target, draft))
+    assert not report.ok
+    assert failing in {c.name for c in report.errors}, [(c.name, c.detail) for c in report.errors]
+
+
+def test_eagle_error_explains_the_silent_fc_bypass(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft, algo="EAGLE"))
+    (algo,) = [c for c in report.errors if c.name == "algorithm"]
+    assert "fc" in algo.detail and "silently" in algo.detail and "192" in algo.detail
+
+
+def test_suggested_command_fixes_the_flags_and_keeps_the_rest(target: Path, good_draft: Path) -> None:
+    bad = sglang_cmd(target, good_draft.parent / "elsewhere", algo="EAGLE", steps=5, topk=1, ndt=4)
+    report = diagnose(good_draft, target, launch=bad)
+    fixed = report.launch_command
+    assert "--tp 8" in fixed and "--port 30000" in fixed
+    assert "--speculative-algorithm EAGLE3" in fixed and str(good_draft) in fixed
+    assert "--speculative-num-steps 5" in fixed and "--speculative-num-draft-tokens 6" in fixed
+    assert diagnose(good_draft, target, launch=fixed).ok
+
+
+def write_store(root: Path, layer_ids: list[int], convention: str = "sglang-input") -> Path:
+    from training.store import StoreMeta, StoreWriter
+
+    meta = StoreMeta(target="target", hidden_size=H, num_layers=LAYERS, vocab_size=VOCAB, aux_layer_ids=layer_ids,
+                     layer_convention=convention, dtype="bf16", has_final=False)
+    with StoreWriter(root, meta):
+        pass
+    return root
+
+
+def test_store_captured_at_other_layers_is_an_error(tmp_path: Path, target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, store=write_store(tmp_path / "store", [1, 4, 5]))
+    assert "layer ids vs data" in {c.name for c in report.errors}
+
+
+def test_store_recording_layer_outputs_matches_the_same_layers_as_inputs(tmp_path: Path, target: Path,
+                                                                         good_draft: Path) -> None:
+    # SpecForge's outputs of layers [1, 3, 4] are SGLang's inputs of layers [2, 4, 5]
+    report = diagnose(good_draft, target, store=write_store(tmp_path / "store", [1, 3, 4], "output"))
+    assert report.ok, report.errors
+
+
+def test_launch_parsing_reads_equals_and_underscores() -> None:
+    spec = parse_launch("CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model=/m "
+                        "--speculative_algorithm=EAGLE3 --speculative-draft-model-path /d "
+                        "--speculative-num-steps=2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3")
+    assert (spec.engine, spec.target, spec.algorithm, spec.draft_path, spec.steps, spec.topk, spec.num_draft_tokens) \
+        == ("sglang", "/m", "EAGLE3", "/d", 2, 1, 3)
+
+
+def test_cli_exits_nonzero_and_prints_the_right_command(target: Path, good_draft: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--draft", str(good_draft), "--model", str(target),
+                 "--launch", sglang_cmd(target, good_draft, algo="EAGLE")])
+    out = capsys.readouterr()
+    assert code == 1
+    assert "EAGLE3" in out.out and "sglang.launch_server" in out.out
+    assert main(["doctor", "--draft", str(good_draft), "--model", str(target),
+                 "--launch", sglang_cmd(target, good_draft)]) == 0
+
+
+def test_cli_reports_a_missing_draft_in_one_line(tmp_path: Path) -> None:
+    assert main(["doctor", "--draft", str(tmp_path / "nope")]) == 1

@@ -1,0 +1,316 @@
+"""Speculative decoding with the tiny target: always greedy's output; acceptance measured honestly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import toy_corpus
+from training.draft import DraftConfig, Eagle3Draft
+from training.errors import TrainingError
+from training.evaluate import (
+    DraftProposer,
+    EvalPrompt,
+    GreedyMismatchError,
+    evaluate,
+    greedy_decode,
+    load_prompt_file,
+    load_target,
+    render_prompt,
+    speculative_decode,
+)
+
+STEPS = 3
+MAX_NEW = 16
+AUX_IDS = [1, 2, 3]  # inputs of layers 1..3 of the 4-layer tiny target
+
+
+class GreedyOracle:
+    """Test-only proposer: proposes the target's own greedy continuation (optionally beside decoys)."""
+
+    aux_layer_ids = None
+
+    def __init__(self, target, decoys: int = 0) -> None:
+        self.target, self.decoys = target, decoys
+        self.prompt_len, self.reference = 0, []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.prompt_len = len(prompt_ids)
+        # no end-of-sequence stop: the oracle must be able to look past the budget
+        self.reference = greedy_decode(self.target, prompt_ids, MAX_NEW + STEPS + 2, eos_ids=set()).tokens
+
+    def propose(self, tokens, aux, steps, topk):
+        done = tokens.shape[0] - self.prompt_len
+        truth = self.reference[done : done + steps]
+        decoys = [[(t + 1 + d) % self.target.config.vocab_size for t in truth] for d in range(self.decoys)]
+        return [*decoys, truth]  # the right path last, so picking the first would be wrong
+
+
+class Garbage:
+    """Proposes a fixed token that the target never picks first: everything is rejected."""
+
+    aux_layer_ids = None
+
+    def begin(self, prompt_ids):
+        pass
+
+    def propose(self, tokens, aux, steps, topk):
+        return [[3] * steps]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target: Path):
+    # a 64-wide model is all per-op overhead: one thread is faster, and fair to a busy machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tokenizer = load_target(tiny_target)
+    yield model, tokenizer
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[EvalPrompt]:
+    lines = toy_corpus(4, seed=7)
+    return [EvalPrompt(id=f"p{i}", category="code" if i % 2 else "chat",
+                       messages=[{"role": "user", "content": line}]) for i, line in enumerate(lines)]
+
+
+def random_draft(model, seed: int = 0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    cfg = DraftConfig.from_target_config(model.config.to_dict(), draft_vocab_size=200, aux_layer_ids=AUX_IDS)
+    draft = Eagle3Draft(cfg)
+    draft.load_embeddings(model.get_input_embeddings().weight)
+    # a draft vocabulary that is not the identity: every second target id
+    hot = torch.arange(0, 400, 2)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[hot] = True
+    draft.set_vocab(hot - torch.arange(200), t2d)
+    return draft.eval()
+
+
+def test_oracle_draft_reaches_maximal_acceptance_and_greedy_output(target, prompts) -> None:
+    model, tokenizer = target
+    report = evaluate(model, tokenizer, GreedyOracle(model), prompts, steps=STEPS, max_new_tokens=MAX_NEW, tie_margin=0.0)
+    assert len(report.prompts) == len(prompts) and not report.skipped
+    assert all(p.greedy_match == "exact" for p in report.prompts)
+    assert report.overall.acceptance_length == pytest.approx(STEPS + 1)
+    assert [r["rate"] for r in report.overall.position_rates()] == [1.0] * STEPS
+    assert set(report.categories) == {"code", "chat"}
+
+
+def test_tree_verification_finds_the_right_branch(target, prompts) -> None:
+    model, tokenizer = target
+    report = evaluate(model, tokenizer, GreedyOracle(model, decoys=2), prompts[:3], steps=STEPS, topk=3,
+                      max_new_tokens=MAX_NEW, tie_margin=0.0)
+    assert report.overall.acceptance_length == pytest.approx(STEPS + 1)
+    assert all(p.greedy_match == "exact" for p in report.prompts)
+
+
+def test_rejected_drafts_still_give_greedy_output_one_token_per_forward(target, prompts) -> None:
+    model, tokenizer = target
+    report = evaluate(model, tokenizer, Garbage(), prompts[:3], steps=STEPS, max_new_tokens=MAX_NEW, tie_margin=0.0)
+    assert all(p.greedy_match == "exact" for p in report.prompts)
+    assert report.overall.acceptance_length < 1.2
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_random_init_draft_accepts_about_one_token_and_matches_greedy(target, prompts, topk: int) -> None:
+    model, tokenizer = target
+    report = evaluate(model, tokenizer, DraftProposer(random_draft(model)), prompts, steps=STEPS, topk=topk,
+                      max_new_tokens=MAX_NEW, tie_margin=0.0)
+    assert all(p.greedy_match == "exact" for p in report.prompts)
+    assert 1.0 <= report.overall.acceptance_length < 1.5
+    assert report.new_tokens > 0 and report.overall.forwards > 0
+
+
+def test_draft_proposals_do_not_depend_on_earlier_rounds(target, prompts) -> None:
+    """Cropping the draft's cache after each round leaves it as if built from scratch."""
+    model, tokenizer = target
+    ids = render_prompt(tokenizer, prompts[0].messages)
+    seq = torch.tensor(ids + greedy_decode(model, ids, 8, set()).tokens)
+    with torch.no_grad():
+        hs = model(seq[None, :-1], output_hidden_states=True).hidden_states
+    aux = torch.cat([hs[i] for i in AUX_IDS], dim=-1)[0]
+    draft = random_draft(model, seed=1)
+    incremental = DraftProposer(draft)
+    incremental.begin(ids)
+    for n in (len(ids) + 1, len(ids) + 3, len(ids) + 4):
+        incremental.propose(seq[:n], aux[: n - 1], STEPS, 1)
+    fresh = DraftProposer(draft)
+    fresh.begin(ids)
+    assert incremental.propose(seq, aux, STEPS, 1) == fresh.propose(seq, aux, STEPS, 1)
+
+
+class NoisyVerifier(torch.nn.Module):
+    """A target whose multi-token forwards disagree with its one-token forwards (a broken verifier)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model, self.config, self.generation_config = model, model.config, model.generation_config
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def forward(self, input_ids, cache=None, **kwargs):
+        out = self.model(input_ids=input_ids, cache=cache, **kwargs)
+        if input_ids.shape[1] > 1 and cache.get_seq_length() > input_ids.shape[1]:
+            out.logits[..., 5] += 1e4  # token 5 wins every verified position
+        return out
+
+
+def test_output_that_differs_from_greedy_fails_the_run(target, prompts) -> None:
+    model, tokenizer = target
+    with pytest.raises(GreedyMismatchError, match="greedy"):
+        evaluate(NoisyVerifier(model), tokenizer, GreedyOracle(model), prompts[:1], steps=STEPS,
+                 max_new_tokens=MAX_NEW)
+
+
+def test_generation_stops_at_end_of_sequence_inside_an_accepted_draft(target) -> None:
+    model, tokenizer = target
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "def return value"}])
+    ref = greedy_decode(model, ids, 8, set()).tokens
+    stop = ref[4]  # pretend the 5th greedy token ends the turn; the oracle drafts right past it
+    expected = ref[: ref.index(stop) + 1]
+    spec = speculative_decode(model, GreedyOracle(model), ids, steps=STEPS, topk=1, max_new_tokens=50, eos_ids={stop})
+    assert spec.tokens == expected == greedy_decode(model, ids, 50, {stop}).tokens
+
+
+def test_proposer_returning_short_paths_is_refused(target) -> None:
+    model, tokenizer = target
+
+    class Short(Garbage):
+        def propose(self, tokens, aux, steps, topk):
+            return [[3]]
+
+    with pytest.raises(TrainingError, match="lengths"):
+        speculative_decode(model, Short(), [5, 6, 7], steps=STEPS, topk=1, max_new_tokens=8, eos_ids=set())
+
+
+def test_prompt_file_counts_malformed_lines(tmp_path: Path) -> None:
+    path = tmp_path / "prompts.jsonl"
+    rows = [
+        {"id": "a", "category": "code", "messages": [{"role": "system", "content": "s"},
+                                                     {"role": "user", "content": "u1"},
+                                                     {"role": "assistant", "content": "x"},
+                                                     {"role": "user", "content": "u2"}]},
+        {"prompt": "plain"},
+        {"id": "c", "messages": "not a list"},
+        {"id": "d", "messages": [{"role": "assistant", "content": "no user"}]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
+    prompts, malformed = load_prompt_file(path)
+    assert [p.id for p in prompts] == ["a", "prompts-1"]
+    assert [m["content"] for m in prompts[0].messages] == ["s", "u1"]  # answered turn by turn: the first one
+    assert malformed == 3
+
+
+def write_store(model, tokenizer, root: Path, n: int = 12) -> Path:
+    """A hidden-state store captured from the tiny target at AUX_IDS (answers = the target's greedy)."""
+    from training.store import HiddenStateSample, StoreMeta, StoreWriter
+
+    meta = StoreMeta(target="tiny", hidden_size=model.config.hidden_size, num_layers=model.config.num_hidden_layers,
+                     vocab_size=model.config.vocab_size, aux_layer_ids=AUX_IDS, dtype="bf16", has_final=True)
+    with StoreWriter(root, meta) as writer:
+        for i, line in enumerate(toy_corpus(n, seed=3)):
+            ids = render_prompt(tokenizer, [{"role": "user", "content": line}])
+            answer = greedy_decode(model, ids, 12, set()).tokens
+            seq = torch.tensor(ids + answer)
+            with torch.no_grad():
+                hs = model(seq[None], output_hidden_states=True).hidden_states
+            mask = torch.zeros(len(seq), dtype=torch.bool)
+            mask[len(ids):] = True
+            writer.add(HiddenStateSample(id=f"s{i}", input_ids=seq, loss_mask=mask,
+                                         aux=torch.cat([hs[j] for j in AUX_IDS], -1)[0].bfloat16(),
+                                         final=hs[-1][0].bfloat16(), category="code"))
+    return root
+
+
+def test_offline_estimate_sits_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
+    from training.evaluate import offline_estimate
+
+    model, tokenizer = target
+    store = write_store(model, tokenizer, tmp_path / "store")
+    draft = random_draft(model)
+    offline = offline_estimate(draft, store, tiny_target, STEPS, eval_fraction=0.5)
+    measured = evaluate(model, tokenizer, DraftProposer(draft), prompts[:2], steps=STEPS, max_new_tokens=12)
+    assert offline["samples"] > 0 and len(offline["acc"]) == STEPS
+    # an untrained draft: both say about one token per forward
+    assert 1.0 <= offline["accept_length"] < 1.5 and 1.0 <= measured.overall.acceptance_length < 1.5
+
+
+def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang") -> Path:
+    """A draft checkpoint saved by the trainer's own function and exported for serving."""
+    from training.export import export_checkpoint
+    from training.trainer import save_checkpoint
+
+    draft = random_draft(model, seed=2)
+    meta = {"step": 1, "draft_config": draft.config.to_dict(), "aux_layer_ids": AUX_IDS,
+            "layer_convention": "sglang-input", "target_dir": str(tiny_target), "ttt_steps": STEPS}
+    ckpt = save_checkpoint(root / "run", draft, meta, None)
+    return export_checkpoint(ckpt, root / f"export-{fmt}", fmt)
+
+
+def write_mix(root: Path, rows: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), root / "part-00000.parquet")
+    (root / "manifest.json").write_text("{}")
+    return root
+
+
+def test_cli_eval_on_a_mix_reports_categories_and_offline_estimate(target, tiny_target: Path, tmp_path: Path) -> None:
+    from curator.cli import main
+
+    model, tokenizer = target
+    export = export_random_draft(model, tiny_target, tmp_path)
+    store = write_store(model, tokenizer, tmp_path / "store", n=8)
+    rows = [{"id": f"m{i}", "source": "toy", "category": ["agentic", "code", "chat"][i % 3],
+             "messages": [{"role": "user", "content": line}], "turns": "all", "keep_responses": False}
+            for i, line in enumerate(toy_corpus(9, seed=11))]
+    rows.append({"id": "bad", "source": "toy", "category": "code", "messages": [], "turns": "all", "keep_responses": False})
+    mix = write_mix(tmp_path / "mix", rows)
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--model", str(tiny_target), "--draft", str(export), "--prompts", str(mix), "--limit", "6",
+                 "--steps", str(STEPS), "--max-new-tokens", "10", "--data", str(store), "--eval-fraction", "0.5",
+                 "--device", "cpu", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["prompts_decoded"] == 6 and report["skipped"] == {"malformed rows": 1}
+    assert set(report["categories"]) == {"agentic", "code", "chat"}
+    assert 1.0 <= report["acceptance_length"] <= STEPS + 1
+    assert len(report["overall"]["per_position"]) == STEPS
+    assert report["offline_estimate"]["accept_length"] >= 1.0
+    assert all(p["greedy_match"] == "exact" for p in report["per_prompt"])
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_doctor_passes_a_real_export_against_its_target_and_data(target, tiny_target: Path, tmp_path: Path, fmt: str) -> None:
+    from curator.doctor import diagnose
+
+    model, tokenizer = target
+    export = export_random_draft(model, tiny_target, tmp_path, fmt)
+    store = write_store(model, tokenizer, tmp_path / "store", n=2)
+    report = diagnose(export, tiny_target, store)
+    assert report.ok, [(c.name, c.detail) for c in report.errors]
+    assert diagnose(export, tiny_target, store, report.launch_command).ok
+
+
+def test_cli_eval_refuses_a_missing_target_in_one_line(tmp_path: Path) -> None:
+    from curator.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    assert main(["eval", "--model", str(tmp_path / "nope"), "--draft", str(tmp_path), "--prompts", str(prompts)]) == 1
+
+
+def test_divergence_at_a_declared_tie_is_counted_not_fatal(target, prompts) -> None:
+    model, tokenizer = target
+    report = evaluate(NoisyVerifier(model), tokenizer, GreedyOracle(model), prompts[:1], steps=STEPS,
+                      max_new_tokens=MAX_NEW, tie_margin=float("inf"))
+    assert report.ties == 1 and report.prompts[0].greedy_match.startswith("tie@")

@@ -1,0 +1,559 @@
+"""Acceptance length, measured: speculative decoding with the target (transformers, KV cache) and a
+draft, checked token for token against plain greedy decoding of the target.
+
+One round, with `tokens` the sequence so far (its last token produced by the target and not yet
+fed to it) and the target's KV cache holding every token before that one:
+
+    draft:   propose K tokens d1..dK (a chain; with top-k, several root-to-leaf paths of a tree)
+    target:  one forward over [last, d1..dK]  ->  its argmax g0..gK at each of the K+1 positions
+    accept:  the longest prefix with d_i == g_{i-1}, plus the target's own next token g_a
+    cache:   cropped to the accepted length (DynamicCache.crop); aux states of accepted positions kept
+
+so every round costs one target forward and yields a+1 tokens: the acceptance length is their mean.
+A tree is verified as a batch of its paths (cache repeated per path), still one target forward.
+
+The draft's pairing follows EAGLE-3 training: the target's aux states at position j go with token
+j+1 (the token the target chose after seeing j), at draft position j, and predict token j+2. Aux
+states are the target's `hidden_states[L]` for each layer id L (SGLang convention: input of layer L).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from training.draft import Eagle3Draft, KVCache
+from training.errors import ModelMismatchError, TrainingError
+
+
+class GreedyMismatchError(TrainingError):
+    """Speculative decoding produced other tokens than greedy decoding of the target: a bug."""
+
+
+@dataclass
+class EvalPrompt:
+    """One prompt to decode: a conversation rendered with the target's chat template."""
+
+    id: str
+    messages: list[dict[str, Any]]
+    category: str = ""
+
+
+class Proposer(Protocol):
+    """What proposes draft tokens. `aux_layer_ids` None: the proposer needs no target states."""
+
+    aux_layer_ids: list[int] | None
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Forget the previous sequence; a new one starts with these prompt tokens."""
+
+    def propose(self, tokens: torch.Tensor, aux: torch.Tensor | None, steps: int, topk: int) -> list[list[int]]:
+        """Return draft paths (target token ids, each `steps` long) continuing `tokens` [n].
+
+        aux [n-1, 3*Ht] holds the target's aux states of every token but the last; a chain is
+        one path, a tree with top-k several (at most `topk`)."""
+
+
+class DraftProposer:
+    """The EAGLE-3 draft as a proposer, with its own KV cache kept across rounds.
+
+    The cache holds only positions fed with real target states; each round's drafted positions
+    are cropped away at the start of the next, once verification has said which tokens stand.
+    """
+
+    def __init__(self, draft: Eagle3Draft) -> None:
+        self.draft = draft.eval()
+        self.aux_layer_ids: list[int] | None = list(draft.config.aux_layer_ids)
+        if len(self.aux_layer_ids) != draft.config.num_aux_layers:
+            raise ModelMismatchError(
+                f"the draft records aux layer ids {self.aux_layer_ids} but fuses {draft.config.num_aux_layers} layers"
+            )
+        self.cache = KVCache()
+        self.n_real = 0  # draft positions whose target states were real (not the draft's own)
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = KVCache()
+        self.n_real = 0
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, aux: torch.Tensor | None, steps: int, topk: int) -> list[list[int]]:
+        if aux is None:
+            raise TrainingError("the EAGLE-3 draft needs the target's aux states")
+        device = next(self.draft.parameters()).device
+        dtype = self.draft.fc.weight.dtype
+        n = tokens.shape[0]
+        self.cache.crop(self.n_real)
+        # pairs (token j+1, aux j) at draft position j, for every position not fed yet
+        ids = tokens[self.n_real + 1 : n].to(device)[None]  # (1, T)
+        hidden = aux[self.n_real : n - 1].to(device=device, dtype=dtype)[None]  # (1, T, 3Ht)
+        out = self.draft(ids, hidden, cache=self.cache)
+        self.n_real = n - 1
+        logprobs = out.logits[0, -1].float().log_softmax(-1)  # (draft_vocab,)
+        scores, first = logprobs.topk(max(1, topk))  # the root's children
+        paths = [[int(d)] for d in first.tolist()]
+        scores = scores.tolist()
+        hidden = out.hidden[:, -1:].expand(len(paths), 1, -1)  # (P, 1, H)
+        cache = self._batched(len(paths))
+        for _ in range(steps - 1):
+            last = torch.tensor([p[-1] for p in paths], device=device)[:, None]  # (P, 1) draft ids
+            step = self.draft(self.draft.draft_to_target(last), hidden, cache=cache)
+            step_lp = step.logits[:, -1].float().log_softmax(-1)  # (P, draft_vocab)
+            top_lp, top_ids = step_lp.topk(max(1, topk), dim=-1)  # (P, k)
+            cand = torch.tensor(scores, device=device)[:, None] + top_lp  # cumulative log-prob (P, k)
+            best = cand.flatten().topk(min(max(1, topk), cand.numel())).indices
+            parents, picks = (best // top_ids.shape[1]).tolist(), (best % top_ids.shape[1]).tolist()
+            paths = [paths[p] + [int(top_ids[p, c])] for p, c in zip(parents, picks)]
+            scores = [float(cand[p, c]) for p, c in zip(parents, picks)]
+            hidden = step.hidden[parents, -1:]  # (P, 1, H)
+            cache.k, cache.v = cache.k[parents], cache.v[parents]  # type: ignore[index]
+        to_target = self.draft.draft_to_target
+        return [to_target(torch.tensor(p, device=device)).tolist() for p in paths]
+
+    def _batched(self, n_paths: int) -> KVCache:
+        """Return the cache for drafting: this one for a chain, a per-path copy for a tree."""
+        if n_paths == 1:
+            return self.cache
+        tree = KVCache()
+        tree.k = self.cache.k.repeat(n_paths, 1, 1, 1)  # type: ignore[union-attr]
+        tree.v = self.cache.v.repeat(n_paths, 1, 1, 1)  # type: ignore[union-attr]
+        return tree
+
+
+@dataclass
+class SpecResult:
+    """One prompt decoded speculatively: the new tokens and what each verification accepted."""
+
+    tokens: list[int]
+    accepted: list[int]  # draft tokens accepted per target verification forward
+    draft_s: float = 0.0
+    target_s: float = 0.0
+
+
+@dataclass
+class GreedyResult:
+    """One prompt decoded greedily; margins[i] = top-1 minus top-2 logit when token i was chosen."""
+
+    tokens: list[int]
+    margins: list[float]
+    seconds: float = 0.0
+
+
+def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Return tokens cut at the first end-of-sequence (kept) or the budget, and whether done."""
+    for i, t in enumerate(tokens[:max_new_tokens]):
+        if t in eos_ids:
+            return tokens[: i + 1], True
+    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+
+
+def _cache_keyword(target: Any) -> str:
+    """Return the name of the KV-cache argument: `cache` in newer transformers, `past_key_values` before."""
+    import inspect
+
+    try:
+        params = inspect.signature(target.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _crop(cache: DynamicCache, keep: int) -> None:
+    """Keep the first `keep` positions. A negative count removes tokens in every transformers 5.x
+    (a positive one meant "final length" before 5.2x and is refused after)."""
+    remove = cache.get_seq_length() - keep
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def _aux(hidden_states: Sequence[torch.Tensor], layer_ids: list[int] | None) -> torch.Tensor | None:
+    """Return the aux states [B, T, 3*Ht] from `output_hidden_states` (index L = input of layer L)."""
+    if layer_ids is None:
+        return None
+    return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
+
+
+@torch.no_grad()
+def greedy_decode(target: Any, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> GreedyResult:
+    """Return the target's greedy continuation, one token per forward, with its logit margins."""
+    device = target.device
+    start = time.perf_counter()
+    cache = DynamicCache(config=target.config)
+    cache_kw = _cache_keyword(target)
+    inputs = torch.tensor([prompt_ids], device=device)
+    tokens: list[int] = []
+    margins: list[float] = []
+    while len(tokens) < max_new_tokens:
+        logits = target(input_ids=inputs, use_cache=True, **{cache_kw: cache}).logits[0, -1].float()
+        top2 = logits.topk(2).values
+        tokens.append(int(logits.argmax()))
+        margins.append(float(top2[0] - top2[1]))
+        if tokens[-1] in eos_ids:
+            break
+        inputs = torch.tensor([[tokens[-1]]], device=device)
+    return GreedyResult(tokens=tokens, margins=margins, seconds=time.perf_counter() - start)
+
+
+@torch.no_grad()
+def speculative_decode(
+    target: Any, proposer: Proposer, prompt_ids: list[int], *, steps: int, topk: int,
+    max_new_tokens: int, eos_ids: set[int],
+) -> SpecResult:
+    """Return the tokens of speculative decoding with `proposer` and greedy verification by `target`."""
+    if steps < 1 or topk < 1:
+        raise TrainingError(f"steps ({steps}) and topk ({topk}) must be at least 1")
+    device = target.device
+    layer_ids = proposer.aux_layer_ids
+    want_hidden = layer_ids is not None
+    n_layers = int(target.config.num_hidden_layers)
+    if layer_ids is not None and any(not 0 <= i < n_layers for i in layer_ids):
+        raise ModelMismatchError(f"aux layer ids {layer_ids} are outside the target's {n_layers} layers")
+    proposer.begin(prompt_ids)
+    result = SpecResult(tokens=[], accepted=[])
+    cache = DynamicCache(config=target.config)
+    cache_kw = _cache_keyword(target)
+
+    t0 = time.perf_counter()
+    out = target(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True,
+                 output_hidden_states=want_hidden, **{cache_kw: cache})
+    result.target_s += time.perf_counter() - t0
+    seq = torch.tensor(prompt_ids + [int(out.logits[0, -1].argmax())], device=device)  # (n,)
+    aux = _aux(out.hidden_states, layer_ids)[0] if want_hidden else None  # (n-1, 3Ht)
+    result.tokens, done = _finish([int(seq[-1])], max_new_tokens, eos_ids)
+
+    while not done:
+        t0 = time.perf_counter()
+        paths = proposer.propose(seq, aux, steps, topk)
+        result.draft_s += time.perf_counter() - t0
+        if not paths or any(len(p) != steps for p in paths):
+            raise TrainingError(f"the proposer returned paths of lengths {[len(p) for p in paths]}, expected {steps}")
+        n_paths, n = len(paths), seq.shape[0]
+        t0 = time.perf_counter()
+        if n_paths > 1:
+            cache.batch_repeat_interleave(n_paths)
+        verify = torch.tensor([[int(seq[-1])] + p for p in paths], device=device)  # (P, K+1)
+        positions = torch.arange(n - 1, n + steps, device=device).expand(n_paths, -1)
+        out = target(input_ids=verify, position_ids=positions, use_cache=True,
+                     output_hidden_states=want_hidden, **{cache_kw: cache})
+        choice = out.logits.argmax(-1)  # (P, K+1): the target's own token after each position
+        drafted = verify[:, 1:]
+        matches = (drafted == choice[:, :-1]).long().cumprod(-1).sum(-1)  # (P,) accepted prefix lengths
+        best = int(matches.argmax())
+        a = int(matches[best])
+        if n_paths > 1:
+            cache.batch_select_indices(torch.tensor([best], device=device))
+        _crop(cache, n + a)  # keep [seq..., d1..da]; the bonus token is fed next round
+        result.target_s += time.perf_counter() - t0
+        new = drafted[best, :a].tolist() + [int(choice[best, a])]
+        if want_hidden:
+            aux = torch.cat([aux, _aux(out.hidden_states, layer_ids)[best, : a + 1]], dim=0)  # type: ignore[list-item]
+        seq = torch.cat([seq, torch.tensor(new, device=device)])
+        result.accepted.append(a)
+        result.tokens, done = _finish(result.tokens + new, max_new_tokens, eos_ids)
+    return result
+
+
+@dataclass
+class PromptRecord:
+    """Per-prompt outcome, for the JSON report."""
+
+    id: str
+    category: str
+    prompt_tokens: int
+    new_tokens: int
+    forwards: int
+    acceptance_length: float
+    greedy_match: str  # "exact" | "tie@i" (diverged at a near-tie of the target's logits)
+
+
+@dataclass
+class AcceptanceStats:
+    """Acceptance over many verification forwards: tokens per forward and rate per draft position."""
+
+    steps: int
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, accepted: Iterable[int]) -> None:
+        self.accepted.extend(accepted)
+
+    @property
+    def forwards(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Return mean tokens per target forward (accepted draft tokens + the target's own)."""
+        return 1.0 + sum(self.accepted) / self.forwards if self.accepted else float("nan")
+
+    def position_rates(self) -> list[dict[str, float]]:
+        """Return per draft position k: P(tokens 1..k accepted) and P(token k | tokens 1..k-1)."""
+        rows = []
+        reached = self.forwards
+        for k in range(1, self.steps + 1):
+            hits = sum(a >= k for a in self.accepted)
+            rows.append({"position": k, "rate": hits / self.forwards if self.forwards else float("nan"),
+                         "conditional": hits / reached if reached else float("nan")})
+            reached = hits
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {"forwards": self.forwards, "acceptance_length": self.acceptance_length,
+                "per_position": self.position_rates()}
+
+
+@dataclass
+class EvalReport:
+    """The outcome of an evaluation run."""
+
+    steps: int
+    topk: int
+    max_new_tokens: int
+    overall: AcceptanceStats
+    categories: dict[str, AcceptanceStats]
+    prompts: list[PromptRecord]
+    skipped: dict[str, int]  # reason -> count
+    new_tokens: int = 0
+    spec_s: float = 0.0
+    draft_s: float = 0.0
+    greedy_s: float = 0.0
+    ties: int = 0
+    offline: dict[str, Any] | None = None
+
+    def skip(self, reason: str) -> None:
+        """Count a prompt left out, by reason."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data (NaN, which JSON lacks, as null)."""
+        return finite({
+            "steps": self.steps, "topk": self.topk, "max_new_tokens": self.max_new_tokens,
+            "prompts_decoded": len(self.prompts), "skipped": self.skipped, "new_tokens": self.new_tokens,
+            "acceptance_length": self.overall.acceptance_length, "overall": self.overall.to_json(),
+            "categories": {c: s.to_json() for c, s in sorted(self.categories.items())},
+            "greedy_ties": self.ties,
+            "timing_s": {"speculative": self.spec_s, "draft": self.draft_s, "greedy": self.greedy_s},
+            "offline_estimate": self.offline,
+            "per_prompt": [asdict(p) for p in self.prompts],
+        })
+
+
+def finite(value: Any) -> Any:
+    """Return `value` with every non-finite float (NaN: nothing to measure) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def prompt_messages(messages: list[dict[str, Any]], turns: str = "all") -> list[dict[str, Any]]:
+    """Return the context to answer: for turns=last the conversation up to its last user/tool turn,
+    otherwise up to the first user turn (later turns presume answers the target has not given)."""
+    msgs = [{k: v for k, v in m.items() if k in ("role", "content", "reasoning_content")} for m in messages]
+    if turns == "last":
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs.pop()
+        return msgs
+    for i, m in enumerate(msgs):
+        if m["role"] == "user":
+            return msgs[: i + 1]
+    return []
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Return the token ids of `messages` with the chat template and the generation prompt."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer("\n".join(str(m["content"]) for m in messages))["input_ids"])
+
+
+def load_prompt_file(path: str | Path) -> tuple[list[EvalPrompt], int]:
+    """Return prompts from a JSONL file ({"id", "category", "messages"} or {"prompt"}) or a text file
+    (one prompt per line), and the number of malformed lines skipped."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TrainingError(f"prompt file {path} does not exist") from None
+    prompts: list[EvalPrompt] = []
+    malformed = 0
+    jsonl = path.suffix in (".jsonl", ".json")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        if not jsonl:
+            prompts.append(EvalPrompt(id=f"{path.stem}-{i}", messages=[{"role": "user", "content": line}]))
+            continue
+        try:
+            row = json.loads(line)
+            messages = row.get("messages")
+            if messages is None and isinstance(row.get("prompt"), str):
+                messages = [{"role": "user", "content": row["prompt"]}]
+            if not (isinstance(messages, list) and messages
+                    and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                            and isinstance(m.get("content"), str) for m in messages)):
+                raise ValueError("no messages")
+            messages = prompt_messages(messages, str(row.get("turns", "all")))
+            if not messages:
+                raise ValueError("no user turn")
+            prompts.append(EvalPrompt(id=str(row.get("id", f"{path.stem}-{i}")), messages=messages,
+                                      category=str(row.get("category") or "")))
+        except (json.JSONDecodeError, ValueError, AttributeError):
+            malformed += 1
+    return prompts, malformed
+
+
+def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """Return (model, tokenizer) of a local target, in eval mode on `device`."""
+    if not (Path(path) / "config.json").is_file():
+        # never fall through to a Hub download: eval measures the model on this disk
+        raise TrainingError(f"{path} is not a local model directory (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except OSError as exc:
+        raise TrainingError(f"cannot load the target from {path}: {exc}") from None
+    return model.to(device).eval(), tokenizer
+
+
+def eos_token_ids(target: Any, tokenizer: Any) -> set[int]:
+    """Return every token id that ends a generation (config, generation config, tokenizer)."""
+    ids: set[int] = set()
+    for source in (getattr(target, "generation_config", None), target.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def evaluate(
+    target: Any,
+    tokenizer: Any,
+    proposer: Proposer,
+    prompts: Iterable[EvalPrompt],
+    *,
+    steps: int = 3,
+    topk: int = 1,
+    max_new_tokens: int = 128,
+    tie_margin: float = 1e-4,
+    on_prompt: Callable[[PromptRecord], None] | None = None,
+) -> EvalReport:
+    """Return acceptance statistics of speculative decoding over `prompts`, each checked against greedy.
+
+    A prompt whose speculative output differs from greedy decoding fails the run, unless the
+    greedy reference chose that token by a logit margin under `tie_margin` (numerically a tie,
+    which batched and one-token forwards may break differently); such prompts are counted as
+    ties and compared up to the divergence.
+    """
+    eos = eos_token_ids(target, tokenizer)
+    max_pos = int(getattr(target.config, "max_position_embeddings", 0) or 0)
+    report = EvalReport(steps=steps, topk=topk, max_new_tokens=max_new_tokens,
+                        overall=AcceptanceStats(steps), categories={}, prompts=[], skipped={})
+    for prompt in prompts:
+        try:
+            ids = render_prompt(tokenizer, prompt.messages)
+        except Exception as exc:  # jinja and tokenizer errors alike mean: this prompt cannot be rendered
+            report.skip(f"unrenderable ({type(exc).__name__})")
+            continue
+        if not ids:
+            report.skip("empty after rendering")
+            continue
+        if max_pos and len(ids) + max_new_tokens + steps + 1 > max_pos:
+            report.skip("too long for the target's context")
+            continue
+        greedy = greedy_decode(target, ids, max_new_tokens, eos)
+        t0 = time.perf_counter()
+        spec = speculative_decode(target, proposer, ids, steps=steps, topk=topk,
+                                  max_new_tokens=max_new_tokens, eos_ids=eos)
+        report.spec_s += time.perf_counter() - t0
+        report.draft_s += spec.draft_s
+        report.greedy_s += greedy.seconds
+        match = _compare(prompt.id, spec.tokens, greedy, tie_margin)
+        report.ties += match != "exact"
+        report.new_tokens += len(spec.tokens)
+        report.overall.add(spec.accepted)
+        report.categories.setdefault(prompt.category or "all", AcceptanceStats(steps)).add(spec.accepted)
+        record = PromptRecord(id=prompt.id, category=prompt.category, prompt_tokens=len(ids),
+                              new_tokens=len(spec.tokens), forwards=len(spec.accepted),
+                              acceptance_length=1.0 + sum(spec.accepted) / len(spec.accepted) if spec.accepted else math.nan,
+                              greedy_match=match)
+        report.prompts.append(record)
+        if on_prompt is not None:
+            on_prompt(record)
+    return report
+
+
+def spread_by_category(prompts: Sequence[EvalPrompt], limit: int | None) -> list[EvalPrompt]:
+    """Return at most `limit` prompts taken round-robin over categories (so every one is measured)."""
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    queues: dict[str, list[EvalPrompt]] = {}
+    for p in prompts:
+        queues.setdefault(p.category, []).append(p)
+    picked: list[EvalPrompt] = []
+    depth = 0
+    while len(picked) < limit:
+        for queue in queues.values():
+            if depth < len(queue) and len(picked) < limit:
+                picked.append(queue[depth])
+        depth += 1
+    return picked
+
+
+def offline_estimate(
+    draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, steps: int,
+    *, eval_fraction: float = 0.05, max_samples: int | None = 512,
+) -> dict[str, Any]:
+    """Return the teacher-forced estimate on the store's held-out samples (the trainer's own split):
+    acc and cond_acc per draft position and the expected acceptance length of a K-token chain."""
+    from training.export import sglang_layer_ids
+    from training.store import HiddenStateStore
+    from training.target_head import TargetHead
+    from training.trainer import offline_metrics, split_eval
+
+    store = HiddenStateStore.open(store_path)
+    if not store.meta.has_final:
+        raise TrainingError(f"store {store_path} has no final hidden states: the offline estimate needs the target's logits")
+    stored_ids = sglang_layer_ids(list(store.meta.aux_layer_ids), store.meta.layer_convention)
+    if stored_ids != list(draft.config.aux_layer_ids):
+        raise ModelMismatchError(
+            f"store {store_path} holds layers {stored_ids} (inputs of layers), the draft fuses {draft.config.aux_layer_ids}"
+        )
+    _, held = split_eval(store.ids(), eval_fraction, max_samples)
+    if not held:
+        raise TrainingError(f"store {store_path} has no held-out samples at eval fraction {eval_fraction}")
+    device = next(draft.parameters()).device
+    head = TargetHead.from_pretrained(target_dir, dtype=torch.float32, device=device)
+    metrics = offline_metrics(draft, store, held, steps, head)
+    return {**metrics, "samples": len(held), "eval_fraction": eval_fraction}
+
+
+def _compare(prompt_id: str, spec: list[int], greedy: GreedyResult, tie_margin: float) -> str:
+    """Return "exact" or "tie@i"; raise GreedyMismatchError on a real divergence."""
+    ref = greedy.tokens
+    for i, (s, g) in enumerate(zip(spec, ref)):
+        if s != g:
+            if greedy.margins[i] <= tie_margin:
+                return f"tie@{i}"
+            raise GreedyMismatchError(
+                f"prompt {prompt_id!r}: speculative decoding gave token {s} at new position {i} where greedy "
+                f"decoding of the target gives {g} (logit margin {greedy.margins[i]:.4g}); the verification "
+                f"or cache handling is wrong, and measured acceptance would be meaningless"
+            )
+    if len(spec) != len(ref):
+        raise GreedyMismatchError(
+            f"prompt {prompt_id!r}: speculative decoding produced {len(spec)} tokens, greedy {len(ref)}"
+        )
+    return "exact"

@@ -1,0 +1,532 @@
+"""Capture the target's aux-layer and final hidden states with transformers, into a shard store.
+
+Layer ids follow SGLang's convention ("sglang-input"): id L is the *input* of decoder layer L,
+which is `output_hidden_states[L]` in transformers (index 0 is the embedding output) and the output
+of layer L-1 (SpecForge's numbering). The default [2, N//2, N-3] is what SGLang captures for an
+EAGLE-3 draft (Kimi-K2.5, N=61: [2, 30, 58]). Id N is the last layer's output before the final norm.
+The "final" state is the last layer's output after the final norm (`last_hidden_state`, equal to
+`output_hidden_states[-1]` in HF Llama): the state the target's lm_head turns into logits.
+
+States are taken by forward pre-hooks on the decoder layers, so only the requested layers are
+kept in memory, and the model's base (not the LM head) is run, so no logits are computed.
+
+Data parallel: run under torchrun (`torchrun --nproc-per-node 8 -m training.hidden_states ...`).
+Each rank takes the samples whose id hashes to it, writes its own shards and index part; rank 0
+merges the index at the end. Ranks skip everything any earlier run stored, so a re-run with another
+world size resumes correctly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.chat_tokens import (
+    GenerationReadStats,
+    MalformedRecordError,
+    chat_template_sha256,
+    iter_generation,
+    tokenize_record,
+    tokenizer_sha256,
+)
+from training.errors import ModelMismatchError, TrainingError
+from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index
+
+LAYER_CONVENTION = "sglang-input"
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """Return SGLang's EAGLE-3 aux layer ids [2, N//2, N-3] (spread as [1, N//2, N-1] for N < 7)."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) < 3 or ids != sorted(ids):
+        ids = [1, num_layers // 2, num_layers - 1]  # tiny test targets, where N-3 <= N//2
+    if num_layers < 4:
+        raise ModelMismatchError(f"a target with {num_layers} layers is too shallow for three distinct aux layers")
+    return ids
+
+
+def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
+    """Return the layer ids as ints, or raise when one is outside 0..N (N = last layer's output)."""
+    ids = [int(i) for i in layer_ids]
+    bad = [i for i in ids if not 0 <= i <= num_layers]
+    if bad or not ids:
+        raise ModelMismatchError(
+            f"aux layer ids {ids} must lie in 0..{num_layers} for a {num_layers}-layer target "
+            "(SGLang convention: id L is the input of layer L)"
+        )
+    return ids
+
+
+def text_config(config: Any) -> Any:
+    """Return the language-model part of a (possibly multimodal) transformers config."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if getter is not None else config
+
+
+def _base_and_layers(model: Any) -> tuple[Any, Any, Any]:
+    base = getattr(model, "model", model)
+    base = getattr(base, "language_model", base)
+    layers = getattr(base, "layers", None)
+    norm = getattr(base, "norm", None)
+    if layers is None or norm is None:
+        raise ModelMismatchError(
+            f"{type(model).__name__} has no `.model.layers` and `.model.norm`; only decoder-only causal LMs are supported"
+        )
+    return base, layers, norm
+
+
+@dataclass
+class CapturedStates:
+    """States of one batch: aux [B, T, n_aux*H] (layer order as requested), final [B, T, H] or None."""
+
+    aux: torch.Tensor
+    final: torch.Tensor | None
+
+
+@torch.no_grad()
+def capture_batch(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer_ids: list[int],
+    with_final: bool = True,
+) -> CapturedStates:
+    """Return the aux states (inputs of `layer_ids`) and the final normed state for a batch; writes nothing.
+
+    This is the online mode: the trainer calls it on the target beside the draft.
+    """
+    base, layers, norm = _base_and_layers(model)
+    n = len(layers)
+    layer_ids = check_layer_ids(layer_ids, n)
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(idx: int) -> Callable[..., None]:
+        def hook(_mod: Any, args: tuple, kwargs: dict) -> None:
+            captured[idx] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    # Id N (the last layer's output, pre-norm) is the input of the final norm.
+    modules = {i: (layers[i] if i < n else norm) for i in set(layer_ids)}
+    handles = [m.register_forward_pre_hook(keep(i), with_kwargs=True) for i, m in modules.items()]
+    try:
+        out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    final = out.last_hidden_state if with_final else None
+    device = final.device if final is not None else captured[layer_ids[-1]].device
+    aux = torch.cat([captured[i].to(device) for i in layer_ids], dim=-1)
+    return CapturedStates(aux=aux, final=final)
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Return batches of indices, longest first, each with (count x longest) <= batch_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * longest > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def owns(sample_id: str, rank: int, world_size: int) -> bool:
+    """Return whether `rank` of `world_size` captures `sample_id` (a stable hash, same on every run)."""
+    if world_size <= 1:
+        return True
+    return int(hashlib.sha256(sample_id.encode("utf-8")).hexdigest()[:16], 16) % world_size == rank
+
+
+@dataclass
+class PreparedSample:
+    """A tokenised sample, ready for a forward pass."""
+
+    id: str
+    category: str
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+
+
+@dataclass
+class ExtractStats:
+    """What an extraction run did (one rank's view, or the sum over ranks)."""
+
+    records: int = 0
+    already_done: int = 0
+    other_rank: int = 0
+    malformed: int = 0
+    no_loss_tokens: int = 0
+    truncated: int = 0
+    stored: int = 0
+    nonfinite: int = 0
+    failed: int = 0  # engine requests that failed for good (vLLM backend)
+    tokens: int = 0
+    loss_tokens: int = 0
+    bytes_written: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Return stored tokens per second of wall time."""
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def skipped(self) -> int:
+        """Return the samples not stored for a reason the user should know about."""
+        return self.malformed + self.no_loss_tokens + self.nonfinite + self.failed
+
+    def add(self, other: ExtractStats) -> None:
+        """Accumulate another rank's counts (wall time: the slowest rank)."""
+        for name, value in asdict(other).items():
+            if name == "wall_s":
+                self.wall_s = max(self.wall_s, value)
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
+
+def prepare_samples(
+    records: Iterable[dict[str, Any]],
+    tokenizer: Any,
+    stats: ExtractStats,
+    *,
+    done: set[str],
+    max_len: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[PreparedSample]:
+    """Yield this rank's not-yet-stored records, tokenised with the chat template; count the rest."""
+    seen: set[str] = set()
+    for rec in records:
+        stats.records += 1
+        sid = rec["id"]
+        # Ownership first: another rank may store its share while this one is still reading.
+        if not owns(sid, rank, world_size):
+            stats.other_rank += 1
+            continue
+        if sid in done or sid in seen:
+            stats.already_done += 1
+            continue
+        seen.add(sid)
+        try:
+            toks = tokenize_record(rec, tokenizer, max_len=max_len)
+        except MalformedRecordError:
+            stats.malformed += 1
+            continue
+        if not bool(toks.loss_mask.any()):
+            stats.no_loss_tokens += 1  # max_len cut every answer off: nothing to learn from it
+            continue
+        stats.truncated += int(toks.truncated)
+        yield PreparedSample(sid, str(rec.get("category", "")), toks.input_ids, toks.loss_mask)
+
+
+def store_meta(
+    config: Any,
+    tokenizer: Any,
+    *,
+    target: str,
+    layer_ids: list[int] | None,
+    dtype: str,
+    has_final: bool,
+    extra: dict[str, Any] | None = None,
+) -> StoreMeta:
+    """Return the store metadata for a target config (transformers config or its dict) and tokenizer."""
+    cfg = config if isinstance(config, dict) else text_config(config).to_dict()
+    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+    n = int(cfg["num_hidden_layers"])
+    ids = check_layer_ids(layer_ids if layer_ids else default_aux_layers(n), n)
+    return StoreMeta(
+        target=target,
+        hidden_size=int(cfg["hidden_size"]),
+        num_layers=n,
+        vocab_size=int(cfg["vocab_size"]),
+        aux_layer_ids=ids,
+        layer_convention=LAYER_CONVENTION,
+        dtype=dtype,
+        has_final=has_final,
+        chat_template_sha256=chat_template_sha256(tokenizer),
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+        extra=dict(extra or {}),
+    )
+
+
+class BackgroundWriter:
+    """Runs StoreWriter.add on a thread, so shard serialisation and disk writes overlap the next forward."""
+
+    def __init__(self, writer: StoreWriter, depth: int = 4) -> None:
+        self.writer = writer
+        self._queue: queue.Queue[list[HiddenStateSample] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self.stored = 0
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            if self._error is not None:
+                continue
+            try:
+                for s in batch:
+                    self.stored += int(self.writer.add(s))
+            except BaseException as exc:  # re-raised in the caller's thread by put()/close()
+                self._error = exc
+
+    def put(self, samples: list[HiddenStateSample]) -> None:
+        """Queue samples for the store; re-raise a failure of the writer thread."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(samples)
+
+    def close(self) -> None:
+        """Wait for every queued sample, flush the last shard, re-raise a failure."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        self.writer.close()
+
+
+def extract(
+    model: Any,
+    tokenizer: Any,
+    records: Iterable[dict[str, Any]],
+    out_dir: str | Path,
+    meta: StoreMeta,
+    *,
+    max_len: int | None = None,
+    batch_tokens: int = 16384,
+    window: int = 512,
+    rank: int = 0,
+    world_size: int = 1,
+    shard_max_bytes: int = 512 * 1024**2,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> ExtractStats:
+    """Capture and store every not-yet-stored record of this rank's share; return the run's counts.
+
+    Records are tokenised in windows of `window` samples, and each window runs in length-sorted
+    batches of at most `batch_tokens` padded tokens. `on_batch(samples, tokens)` reports progress.
+    """
+    stats = ExtractStats()
+    start = time.perf_counter()
+    device = next(model.parameters()).device
+    n_aux = len(meta.aux_layer_ids)
+    with StoreWriter(out_dir, meta, shard_max_bytes=shard_max_bytes, writer_id=f"r{rank}") as writer:
+        bg = BackgroundWriter(writer)
+        try:
+            samples = prepare_samples(
+                records, tokenizer, stats, done=writer.done_ids(), max_len=max_len, rank=rank, world_size=world_size
+            )
+            for chunk in _windows(samples, window):
+                for batch in length_batches([len(s.input_ids) for s in chunk], batch_tokens):
+                    items = [chunk[i] for i in batch]
+                    ids, mask = _pad([s.input_ids for s in items], tokenizer.pad_token_id or 0)
+                    states = capture_batch(model, ids.to(device), mask.to(device), meta.aux_layer_ids, meta.has_final)
+                    if states.aux.shape[-1] != n_aux * meta.hidden_size:
+                        raise ModelMismatchError(
+                            f"the model's hidden size {states.aux.shape[-1] // n_aux} differs from the store's "
+                            f"{meta.hidden_size}; use another --out directory for this target"
+                        )
+                    aux = states.aux.to("cpu")
+                    final = states.final.to("cpu") if states.final is not None else None
+                    out = []
+                    for b, s in enumerate(items):
+                        t = len(s.input_ids)
+                        out.append(
+                            HiddenStateSample(
+                                id=s.id,
+                                input_ids=s.input_ids,
+                                loss_mask=s.loss_mask,
+                                aux=aux[b, :t],
+                                final=final[b, :t] if final is not None else None,
+                                category=s.category,
+                            )
+                        )
+                        stats.loss_tokens += int(s.loss_mask.sum())
+                    bg.put(out)
+                    if on_batch is not None:
+                        on_batch(len(items), sum(len(s.input_ids) for s in items))
+        finally:
+            bg.close()
+        stats.stored = bg.stored
+        stats.nonfinite = writer.skipped_nonfinite
+        stats.bytes_written = writer.bytes_written
+        stats.tokens = writer.stored_tokens
+    stats.wall_s = time.perf_counter() - start
+    return stats
+
+
+def _windows(items: Iterable[PreparedSample], size: int) -> Iterator[list[PreparedSample]]:
+    chunk: list[PreparedSample] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _pad(seqs: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return right-padded ids [B, T] and attention mask [B, T]."""
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def load_target(model_path: str | Path, device: str | torch.device | None = None) -> tuple[Any, Any]:
+    """Return (model in eval mode, tokenizer): bf16 on GPU, float32 on CPU, sdpa attention.
+
+    With several GPUs visible to one process (no torchrun) and accelerate installed, the model is
+    spread over them with device_map="auto", for targets larger than one GPU.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_path)
+    if not (path / "config.json").exists():
+        raise TrainingError(f"{path} has no config.json; pass the target model's directory")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if cuda else torch.float32, "attn_implementation": "sdpa"}
+    spread = cuda and device is None and torch.cuda.device_count() > 1 and importlib.util.find_spec("accelerate")
+    if spread:
+        kwargs["device_map"] = "auto"
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if not spread:
+        model.to(device or ("cuda" if cuda else "cpu"))
+    model.eval()
+    return model, tokenizer
+
+
+def dist_context() -> tuple[int, int, int]:
+    """Return (rank, world_size, local_rank) from torchrun's environment; joins the process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if torch.cuda.is_available():
+                torch.cuda.set_device(local)
+            dist.init_process_group(backend=backend)
+    return rank, world, local
+
+
+def finish_ranks(stats: ExtractStats, out_dir: str | Path, world_size: int) -> ExtractStats:
+    """Wait for every rank, merge the index on rank 0, and return the counts summed over ranks."""
+    if world_size > 1:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, asdict(stats))
+        total = ExtractStats()
+        for g in gathered:
+            total.add(ExtractStats(**g))
+        if dist.get_rank() == 0:
+            merge_index(out_dir)
+        dist.barrier()
+        return total
+    merge_index(out_dir)
+    return stats
+
+
+def run(
+    model_path: str | Path,
+    gen_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    layer_ids: list[int] | None = None,
+    dtype: str = "bf16",
+    has_final: bool = True,
+    max_len: int | None = None,
+    batch_tokens: int = 16384,
+    read_stats: GenerationReadStats | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> ExtractStats:
+    """Capture a generation output into a store at `out_dir` (torchrun-aware); return the counts."""
+    rank, world, local = dist_context()
+    device = f"cuda:{local}" if world > 1 and torch.cuda.is_available() else None
+    model, tokenizer = load_target(model_path, device)
+    meta = store_meta(
+        model.config,
+        tokenizer,
+        target=str(model_path),
+        layer_ids=layer_ids,
+        dtype=dtype,
+        has_final=has_final,
+        extra={"backend": "transformers", "max_len": max_len},
+    )
+    stats = extract(
+        model,
+        tokenizer,
+        iter_generation(gen_dir, read_stats),
+        out_dir,
+        meta,
+        max_len=max_len,
+        batch_tokens=batch_tokens,
+        rank=rank,
+        world_size=world,
+        on_batch=on_batch,
+    )
+    return finish_ranks(stats, out_dir, world)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for torchrun: `torchrun --nproc-per-node N -m training.hidden_states ...`."""
+    p = argparse.ArgumentParser(prog="python -m training.hidden_states", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="target model directory (config, weights, tokenizer)")
+    p.add_argument("--data", required=True, help="generation output directory (shard-*.jsonl)")
+    p.add_argument("--out", required=True, help="store directory (created; resumed when it exists)")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="aux layer ids, SGLang convention")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--no-final", action="store_true", help="do not store the final normed state")
+    p.add_argument("--max-len", type=int, default=None)
+    p.add_argument("--batch-tokens", type=int, default=16384)
+    args = p.parse_args(argv)
+    try:
+        stats = run(
+            args.model,
+            args.data,
+            args.out,
+            layer_ids=args.layers,
+            dtype=args.dtype,
+            has_final=not args.no_final,
+            max_len=args.max_len,
+            batch_tokens=args.batch_tokens,
+        )
+    except TrainingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({**asdict(stats), "tokens_per_s": round(stats.tokens_per_s, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
