@@ -79,13 +79,13 @@ def plots(report: DemoReport) -> dict[str, str]:
         ax1.set_xlabel("step")
         ax1.set_ylabel("loss")
         ax1.set_title("Training loss")
-        acc_keys = sorted({k for r in train_rows for k in r if k.startswith("acc_") and k[4:].isdigit()}, key=lambda k: int(k[4:]))
-        for key in acc_keys:
-            ax2.plot([r["step"] for r in train_rows], [r.get(key) for r in train_rows], label=key)
+        steps = max((len(r.get("acc") or []) for r in train_rows), default=0)
+        for k in range(steps):
+            ax2.plot([r["step"] for r in train_rows], [(r.get("acc") or [None] * steps)[k] for r in train_rows], label=f"TTT step {k}")
         ax2.set_xlabel("step")
-        ax2.set_ylabel("accuracy")
-        ax2.set_title("Per-position accuracy (TTT step)")
-        if acc_keys:
+        ax2.set_ylabel("accuracy (unconditional)")
+        ax2.set_title("Per-position accuracy")
+        if steps:
             ax2.legend(fontsize=7)
         out["Training"] = _png(fig)
         plt.close(fig)

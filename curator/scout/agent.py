@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from curator.errors import CuratorError, LLMError
+from curator.errors import LLMError
 from curator.llm import LLMClient, ToolCall, ToolOutcome
 from curator.scout.briefs import Brief
 from curator.scout.tools import TOOL_SPECS, UNTRUSTED_TAG, AgentToolbox, RecordedCandidate
