@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers  # noqa: E402
+from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers, sample_finite  # noqa: E402
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
 
 
@@ -84,6 +84,7 @@ def run_bench(
     peak_size: int = 8192,
     warmup: int = 2,
     keep: bool = False,
+    flush_workers: int = 3,
 ) -> dict[str, Any]:
     """Return the benchmark's results (tokens/s per dtype, fraction of peak, bytes/token, ...)."""
     dev = torch.device(device)
@@ -109,7 +110,7 @@ def run_bench(
                          aux_layer_ids=aux_ids, dtype=dtype, has_final=True)
         forward_s = 0.0
         start = time.perf_counter()
-        with StoreWriter(store, meta, writer_id="bench") as writer:
+        with StoreWriter(store, meta, writer_id="bench", flush_workers=flush_workers) as writer:
             bg = BackgroundWriter(writer)
             for lo in range(0, samples, batch):
                 chunk = ids[lo : lo + batch]
@@ -117,9 +118,11 @@ def run_bench(
                 states = capture_batch(model, chunk.to(dev, non_blocking=True), mask[: len(chunk)], aux_ids)
                 _sync(dev)
                 forward_s += time.perf_counter() - f0
+                finite = sample_finite(states, [seq] * len(chunk))
                 aux, final = states.aux.to("cpu"), states.final.to("cpu")
                 bg.put([
-                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), aux[b], final[b])
+                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), aux[b], final[b],
+                                      finite=finite[b])
                     for b in range(len(chunk))
                 ])
             bg.close()
@@ -175,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="/tmp/curator-bench-hidden-states", help="local disk for the shards")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--keep", action="store_true", help="keep the written stores")
+    p.add_argument("--flush-workers", type=int, default=3, help="threads serialising and writing shards")
     a = p.parse_args(argv)
     result = run_bench(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate,
                        vocab=a.vocab, seq=a.seq, samples=a.samples, batch=a.batch,
                        dtypes=tuple(d for d in a.dtypes.split(",") if d), out_dir=a.out, device=a.device, keep=a.keep,
-                       peak_size=8192 if a.device != "cpu" else 512)
+                       peak_size=8192 if a.device != "cpu" else 512, flush_workers=a.flush_workers)
     print(json.dumps(result))
     return 0
 

@@ -168,6 +168,7 @@ class Catalog:
     def __init__(self, path: Path, lock_wait_s: float = LOCK_WAIT_S) -> None:
         self.path = path
         self.lock_wait_s = lock_wait_s
+        self._held: duckdb.DuckDBPyConnection | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None = None, lock_wait_s: float = LOCK_WAIT_S) -> Catalog:
@@ -188,9 +189,28 @@ class Catalog:
     # -- connections -----------------------------------------------------------------------
 
     @contextmanager
+    def session(self) -> Iterator[Catalog]:
+        """Hold one connection for every call made inside the block (each still its own transaction).
+
+        Opening and closing the file costs ~0.1 s, so a writer with many small writes (the
+        scout's single writer, draining its queue) holds it for one batch, then lets go so that
+        readers get their turn.
+        """
+        if self._held is not None:
+            yield self
+            return
+        self._held = self._open_with_wait()
+        try:
+            yield self
+        finally:
+            con, self._held = self._held, None
+            con.close()
+
+    @contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """Yield a connection inside one transaction; commit on success, roll back on error."""
-        con = self._open_with_wait()
+        held = self._held is not None
+        con = self._held if self._held is not None else self._open_with_wait()
         try:
             con.execute("BEGIN TRANSACTION")
             yield con
@@ -202,7 +222,8 @@ class Catalog:
                 pass  # the failed statement may already have ended the transaction
             raise
         finally:
-            con.close()
+            if not held:
+                con.close()
 
     def _open_with_wait(self) -> duckdb.DuckDBPyConnection:
         if self.path.parent and not self.path.parent.exists():

@@ -383,7 +383,8 @@ class Eagle3Draft(nn.Module):
     def init_lm_head_from_target(self, target_lm_head: torch.Tensor) -> None:
         """Start lm_head from the target's rows [V, H] for the draft's tokens (faster to train)."""
         with torch.no_grad():
-            rows = target_lm_head.to(self.lm_head.weight.device)[self.draft_ids().to(target_lm_head.device)]
+            device = self.lm_head.weight.device
+            rows = target_lm_head.to(device)[self.draft_ids().to(device)]
             self.lm_head.weight.copy_(rows.to(self.lm_head.weight.dtype))
 
     def forward(

@@ -331,7 +331,8 @@ def extract(
     start = time.perf_counter()
     device = next(model.parameters()).device
     n_aux = len(meta.aux_layer_ids)
-    with StoreWriter(out_dir, meta, shard_max_bytes=shard_max_bytes, writer_id=f"r{rank}") as writer:
+    flush_workers = 3 if device.type == "cuda" else 0
+    with StoreWriter(out_dir, meta, shard_max_bytes=shard_max_bytes, writer_id=f"r{rank}", flush_workers=flush_workers) as writer:
         bg = BackgroundWriter(writer)
         try:
             samples = prepare_samples(
@@ -347,6 +348,7 @@ def extract(
                             f"the model's hidden size {states.aux.shape[-1] // n_aux} differs from the store's "
                             f"{meta.hidden_size}; use another --out directory for this target"
                         )
+                    finite = sample_finite(states, [len(s.input_ids) for s in items])
                     aux = states.aux.to("cpu")
                     final = states.final.to("cpu") if states.final is not None else None
                     out = []
@@ -360,6 +362,7 @@ def extract(
                                 aux=aux[b, :t],
                                 final=final[b, :t] if final is not None else None,
                                 category=s.category,
+                                finite=finite[b],
                             )
                         )
                         stats.loss_tokens += int(s.loss_mask.sum())
@@ -374,6 +377,19 @@ def extract(
         stats.tokens = writer.stored_tokens
     stats.wall_s = time.perf_counter() - start
     return stats
+
+
+def sample_finite(states: CapturedStates, lengths: list[int]) -> list[bool]:
+    """Return, per sample of a batch, whether its states (up to its length) are all finite.
+
+    One reduction on the device where the states are, instead of a pass over the host copy.
+    """
+    bad = ~torch.isfinite(states.aux).all(dim=-1)  # (B, T)
+    if states.final is not None:
+        bad |= ~torch.isfinite(states.final).all(dim=-1)
+    positions = torch.arange(bad.shape[1], device=bad.device)[None, :]
+    valid = positions < torch.tensor(lengths, device=bad.device)[:, None]
+    return (~(bad & valid).any(dim=1)).tolist()
 
 
 def _windows(items: Iterable[PreparedSample], size: int) -> Iterator[list[PreparedSample]]:

@@ -35,6 +35,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,12 +126,17 @@ class HiddenStateSample:
     aux: torch.Tensor
     final: torch.Tensor | None = None
     category: str = ""
+    # Checked where the states were made (one reduction on the GPU) instead of by a pass over
+    # the host copy in the writer thread; None: check here.
+    finite: bool | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def is_finite(self) -> bool:
         """Return False when any captured state holds NaN or inf."""
+        if self.finite is not None:
+            return self.finite
         if not bool(torch.isfinite(self.aux).all()):
             return False
         return self.final is None or bool(torch.isfinite(self.final).all())
@@ -236,6 +242,7 @@ class StoreWriter:
         meta: StoreMeta,
         shard_max_bytes: int = 512 * 1024**2,
         writer_id: str | None = None,
+        flush_workers: int = 0,
     ) -> None:
         self.root = Path(out_dir)
         self.meta = meta
@@ -263,6 +270,12 @@ class StoreWriter:
         self.stored_tokens = 0
         self.skipped_nonfinite = 0
         self.bytes_written = 0
+        # With flush_workers > 0, shards are serialised, written and fsynced on a thread pool
+        # (torch and file I/O release the GIL), so several shards are in flight at once; the
+        # index only ever names shards that are on disk, committed in order.
+        self._pool = ThreadPoolExecutor(flush_workers, thread_name_prefix="shard") if flush_workers > 0 else None
+        self._pending: list[tuple[str, list[HiddenStateSample], Future[int]]] = []
+        self._max_pending = max(1, flush_workers) * 2
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -307,13 +320,26 @@ class StoreWriter:
         """Write the buffered samples as one shard, then the index part; both atomically."""
         if not self._buffer:
             return
+        buffer, self._buffer, self._buffer_bytes = self._buffer, [], 0
+        name = f"{self.writer_id}-{self._shard_no:05d}.safetensors"
+        self._shard_no += 1
+        if self._pool is None:
+            self._commit(name, buffer, self._write_shard(name, buffer))
+            return
+        self._pending.append((name, buffer, self._pool.submit(self._write_shard, name, buffer)))
+        while self._pending and (len(self._pending) > self._max_pending or self._pending[0][2].done()):
+            done_name, done_buffer, future = self._pending.pop(0)
+            self._commit(done_name, done_buffer, future.result())
+
+    def _write_shard(self, name: str, buffer: list[HiddenStateSample]) -> int:
+        """Serialise `buffer` into shard `name` (temp file, fsync, rename); return its size."""
         meta = self.meta
         tensors: dict[str, torch.Tensor] = {
-            "input_ids": torch.cat([s.input_ids.reshape(-1).to(torch.int32) for s in self._buffer]),
-            "loss_mask": torch.cat([s.loss_mask.reshape(-1).to(torch.bool) for s in self._buffer]),
+            "input_ids": torch.cat([s.input_ids.reshape(-1).to(torch.int32) for s in buffer]),
+            "loss_mask": torch.cat([s.loss_mask.reshape(-1).to(torch.bool) for s in buffer]),
         }
-        aux = torch.cat([s.aux.detach().cpu() for s in self._buffer])
-        finals = torch.cat([s.final.detach().cpu() for s in self._buffer]) if meta.has_final else None
+        aux = torch.cat([s.aux.detach().cpu() for s in buffer])
+        finals = torch.cat([s.final.detach().cpu() for s in buffer]) if meta.has_final else None
         if meta.dtype == "fp8":
             tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux, len(meta.aux_layer_ids))
             if finals is not None:
@@ -322,23 +348,23 @@ class StoreWriter:
             tensors["aux"] = aux.to(torch.bfloat16)
             if finals is not None:
                 tensors["final"] = finals.to(torch.bfloat16)
-        name = f"{self.writer_id}-{self._shard_no:05d}.safetensors"
         path = self.root / "shards" / name
         tmp = path.with_name(f".{name}.tmp")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        self.bytes_written += path.stat().st_size
+        return path.stat().st_size
+
+    def _commit(self, name: str, buffer: list[HiddenStateSample], nbytes: int) -> None:
+        """Record a shard that is on disk in the index."""
+        self.bytes_written += nbytes
         offset = 0
-        for s in self._buffer:
+        for s in buffer:
             self._samples[s.id] = {"shard": name, "offset": offset, "length": len(s), "category": s.category}
             offset += len(s)
             self.stored += 1
             self.stored_tokens += len(s)
-        self._shard_no += 1
-        self._buffer = []
-        self._buffer_bytes = 0
         self._write_index()
 
     def _write_index(self) -> None:
@@ -348,8 +374,16 @@ class StoreWriter:
         )
 
     def close(self) -> None:
-        """Flush what is buffered."""
+        """Flush what is buffered and wait for every shard in flight."""
         self.flush()
+        try:
+            while self._pending:
+                name, buffer, future = self._pending.pop(0)
+                self._commit(name, buffer, future.result())
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 class HiddenStateStore:

@@ -44,6 +44,8 @@ class TrainConfig:
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs
     eval_fraction: float = 0.05
+    eval_data: str = ""  # a separate store of held-out samples; when set, the whole --data store trains
+    max_train_samples: int | None = None  # use only the first N training ids (nested pools for scaling curves)
     eval_max_samples: int | None = 512
     # bookkeeping
     log_every: int = 10

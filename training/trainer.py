@@ -413,6 +413,14 @@ def _check_inputs(meta: StoreMeta, target_cfg: dict[str, Any], head: TargetHead,
 RESUME_INSENSITIVE = ("device", "log_every", "eval_every", "save_every", "out")
 
 
+def _check_same_capture(train: StoreMeta, held: StoreMeta, path: str) -> None:
+    """Refuse a held-out store captured differently from the training store."""
+    fields = ("hidden_size", "aux_layer_ids", "layer_convention", "vocab_size", "has_final")
+    differ = [f for f in fields if getattr(train, f) != getattr(held, f)]
+    if differ:
+        raise TrainingError(f"eval_data {path} was captured differently from the training store: {', '.join(differ)}")
+
+
 def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tuple[Path, Path | None]:
     run_dir = Path(cfg.out)
     ckpt = latest_checkpoint(run_dir) if run_dir.exists() else None
@@ -490,7 +498,17 @@ def train(
     head = TargetHead.from_pretrained(cfg.target, dtype=data_dtype, device=device)
     _check_inputs(store.meta, target_cfg, head, store)
     run_dir, ckpt = _prepare_run_dir(cfg, resume, dist_info)
-    train_ids, eval_ids = split_eval(store.ids(), cfg.eval_fraction, cfg.eval_max_samples)
+    eval_store = store
+    if cfg.eval_data:
+        # Held-out prompts captured into their own store: every sample of --data trains.
+        eval_store = HiddenStateStore.open(cfg.eval_data)
+        _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
+        train_ids = sorted(store.ids())
+        eval_ids = sorted(eval_store.ids())[: cfg.eval_max_samples]
+    else:
+        train_ids, eval_ids = split_eval(store.ids(), cfg.eval_fraction, cfg.eval_max_samples)
+    if cfg.max_train_samples is not None:
+        train_ids = train_ids[: cfg.max_train_samples]
     if len(train_ids) < cfg.global_batch_size:
         raise TrainingError(
             f"{len(train_ids)} training samples are fewer than global_batch_size {cfg.global_batch_size}"
@@ -583,7 +601,7 @@ def train(
     def run_eval(at_step: int) -> dict[str, Any]:
         if not eval_ids:
             return {}
-        sums = metric_sums(draft, store, eval_ids[rank::world], cfg.ttt_steps, head,
+        sums = metric_sums(draft, eval_store, eval_ids[rank::world], cfg.ttt_steps, head,
                            batch_size=cfg.micro_batch_size, max_length=cfg.max_length, autocast=use_bf16)
         record = {"split": "eval", "step": at_step, **summarize(all_reduce_sum(sums), cfg.step_weight),
                   "samples": len(eval_ids)}

@@ -161,11 +161,15 @@ def build_reference_target(
 
 
 def _estimate_steps(model, rows: torch.Tensor, batch_size: int, seconds: float, device: str) -> int:
-    """Return how many optimizer steps fit in `seconds`, from a few timed warm-up steps."""
+    """Return how many optimizer steps fit in `seconds`, timed on a copy after warm-up steps
+    (the first steps pay for CUDA start-up and kernel selection, and would make it far too few)."""
     import copy
 
     probe = copy.deepcopy(model)
-    n = 6
+    train_causal_lm(probe, rows, steps=3, batch_size=batch_size, device=device)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    n = 8
     start = time.perf_counter()
     train_causal_lm(probe, rows, steps=n, batch_size=batch_size, device=device)
     if torch.cuda.is_available():
@@ -173,7 +177,3 @@ def _estimate_steps(model, rows: torch.Tensor, batch_size: int, seconds: float, 
     per_step = (time.perf_counter() - start) / n
     del probe
     return max(10, int(seconds / per_step))
-
-
-if __name__ == "__main__":
-    print(build_reference_target(sys.argv[1], seconds=float(sys.argv[2]) if len(sys.argv) > 2 else 150.0))

@@ -2,8 +2,8 @@
 
 DuckDB lets one writer hold the file at a time, and the catalog opens a connection per call,
 so concurrent agents must not write it directly. Every write goes through one asyncio queue
-and one writer task that runs the (blocking) catalog calls in a worker thread, one at a time,
-batching tool-call log rows into one transaction. Anything enqueued is written even if the
+and one writer task that runs the (blocking) catalog calls in a worker thread, one batch at a
+time over one held connection, batching tool-call log rows into one transaction. Anything enqueued is written even if the
 agent that enqueued it is cancelled afterwards; `stop()` drains the queue before returning.
 """
 
@@ -179,35 +179,46 @@ class CatalogSink:
                 return
 
     async def _write(self, batch: list[_Job]) -> None:
-        # consecutive tool-call rows go in one transaction; order with other writes is kept
-        i = 0
-        while i < len(batch):
-            if batch[i].kind == "tool_call":
-                j = i
-                while j < len(batch) and batch[j].kind == "tool_call":
-                    j += 1
-                rows = [job.payload for job in batch[i:j]]
-                await self._run("tool_call", lambda c, rows=rows: c.log_tool_calls(rows), None, len(rows))
-                i = j
-                continue
-            job = batch[i]
-            if job.kind == "dataset":
-                await self._run("dataset", lambda c, info=job.payload: c.upsert_dataset(info), None)
-            elif job.kind == "agent":
-                await self._run("agent", lambda c, a=job.payload: c.record_agent(*a), None)
-            else:
-                await self._run("call", job.payload, job.future)
-            i += 1
+        # The whole batch runs in one worker-thread call over one held connection: opening the
+        # file per write would cost ~0.1 s each and make agents wait on the writer.
+        outcomes = await asyncio.to_thread(self._write_sync, batch)
+        for job, (ok, value) in zip(batch, outcomes):
+            if job.future is not None and not job.future.done():
+                if ok:
+                    job.future.set_result(value)
+                else:
+                    job.future.set_exception(value)
 
-    async def _run(self, kind: str, fn: Callable[[Catalog], Any], future: asyncio.Future | None, rows: int = 1) -> None:
+    def _write_sync(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        outcomes: list[tuple[bool, Any]] = [(True, None)] * len(batch)
+        with self.catalog.session():
+            i = 0
+            while i < len(batch):
+                if batch[i].kind == "tool_call":
+                    # consecutive tool-call rows go in one transaction; order with other writes is kept
+                    j = i
+                    while j < len(batch) and batch[j].kind == "tool_call":
+                        j += 1
+                    rows = [job.payload for job in batch[i:j]]
+                    self._run("tool_call", lambda c, rows=rows: c.log_tool_calls(rows), len(rows))
+                    i = j
+                    continue
+                job = batch[i]
+                if job.kind == "dataset":
+                    outcomes[i] = self._run("dataset", lambda c, info=job.payload: c.upsert_dataset(info))
+                elif job.kind == "agent":
+                    outcomes[i] = self._run("agent", lambda c, a=job.payload: c.record_agent(*a))
+                else:
+                    outcomes[i] = self._run("call", job.payload, report=job.future is None)
+                i += 1
+        return outcomes
+
+    def _run(self, kind: str, fn: Callable[[Catalog], Any], rows: int = 1, report: bool = True) -> tuple[bool, Any]:
         try:
-            result = await asyncio.to_thread(fn, self.catalog)
+            result = fn(self.catalog)
         except Exception as exc:  # the writer must outlive one bad row; the failure goes to its caller or stats
-            if future is not None and not future.done():
-                future.set_exception(exc)
-            else:
+            if report:
                 self.stats.errors.append(f"{kind}: {exc}")
-            return
+            return False, exc
         self.stats.written[kind] = self.stats.written.get(kind, 0) + rows
-        if future is not None and not future.done():
-            future.set_result(result)
+        return True, result

@@ -1,0 +1,232 @@
+"""The reference benchmark: the data-scaling curve of EAGLE-3 drafts, made end to end with the
+toolkit's own pipeline on a target trained on the spot.
+
+  1. target: a ~34M-parameter code-chat Llama trained for a few minutes (bench/reference/target.py)
+  2. prompts: code prefixes from files disjoint from the target's training text, in a pool and a
+     held-out set that share no file
+  3. regeneration of every answer through `curator generate`'s in-process backend (greedy)
+  4. hidden states of pool and held-out answers (`training.hidden_states`, bf16; fp8 optionally)
+  5. one draft per pool size, all with the same step budget (`training.trainer`)
+  6. per draft: the offline estimate on the held-out states, then `curator eval`'s speculative
+     decoding on held-out prompts (measured acceptance length, output checked against greedy)
+
+Prints a table and one JSON line; `--out FILE` also writes the JSON. Runs on one GPU with
+torch, transformers, tokenizers, safetensors, numpy, pyarrow and pydantic (carry pydantic's
+wheels to the GPU machine; see bench/RESULTS.md). `--tiny` runs the same code at toy sizes
+on a CPU (the tests do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.reference.target import build_reference_target, code_windows, python_sources, split_sources  # noqa: E402
+from curator.generate import GenerateConfig, generate  # noqa: E402
+from training import hidden_states  # noqa: E402
+from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
+from training.export import export_checkpoint, load_draft  # noqa: E402
+from training.store import HiddenStateStore  # noqa: E402
+from training.target_head import TargetHead  # noqa: E402
+from training.train_config import TrainConfig  # noqa: E402
+from training.trainer import offline_metrics, train  # noqa: E402
+
+
+def write_mix(path: Path, prefix: str, prompts: list[str]) -> Path:
+    """Write prompts as a one-part mix (the build-mix schema); return the folder."""
+    path.mkdir(parents=True, exist_ok=True)
+    table = pa.table({
+        "id": [f"{prefix}-{i:06d}" for i in range(len(prompts))],
+        "source": [f"reference-{prefix}"] * len(prompts),
+        "category": ["code"] * len(prompts),
+        "messages": [[{"role": "user", "content": p}] for p in prompts],
+        "turns": ["all"] * len(prompts),
+        "keep_responses": [False] * len(prompts),
+    })
+    pq.write_table(table, path / "part-00000.parquet")
+    (path / "manifest.json").write_text(json.dumps({"name": f"reference-{prefix}", "rows": len(prompts)}))
+    return path
+
+
+class Timer:
+    """Wall time per stage, in order."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Stage:
+            def __enter__(self) -> None:
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc: object) -> None:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                timer.stages[name] = round(time.perf_counter() - self.t, 1)
+                print(f"[{name}] {timer.stages[name]} s", flush=True)
+
+        return _Stage()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every stage; return the results (figures, per-pool curve, stage timings)."""
+    w = Path(args.workdir)
+    w.mkdir(parents=True, exist_ok=True)
+    device = args.device
+    timer = Timer()
+    results: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k not in {"out"}}}
+
+    with timer("target"):
+        results["target"] = build_reference_target(
+            w / "target", seconds=args.target_seconds, source_bytes=args.source_bytes, vocab_size=args.vocab,
+            hidden_size=args.hidden, num_layers=args.layers, prefix_tokens=args.prefix_tokens,
+            cont_tokens=args.cont_tokens, batch_size=args.target_batch, device=device,
+        )
+    print(json.dumps(results["target"]), flush=True)
+
+    with timer("prompts"):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(w / "target")
+        split = split_sources(python_sources(args.source_bytes))
+        pools = sorted(int(p) for p in args.pools.split(","))
+        pool = [p for p, _ in code_windows(tok, split.pool, args.prefix_tokens, 0, pools[-1], seed=1)]
+        held = [p for p, _ in code_windows(tok, split.heldout, args.prefix_tokens, 0, args.heldout, seed=2)]
+        if len(pool) < pools[-1] or len(held) < args.heldout:
+            raise SystemExit(f"only {len(pool)} pool / {len(held)} held-out prompts; raise --source-bytes")
+        write_mix(w / "mix-pool", "pool", pool)
+        write_mix(w / "mix-heldout", "heldout", held)
+
+    gen: dict[str, Any] = {}
+    for name in ("pool", "heldout"):
+        with timer(f"generate-{name}"):
+            stats = generate(GenerateConfig(
+                mix=w / f"mix-{name}", out=w / f"gen-{name}", model=str(w / "target"), backend="transformers",
+                temperature=0.0, max_tokens=args.cont_tokens, batch_size=args.gen_batch, device=device,
+            ))
+        gen[name] = {"samples": stats.done_total, "output_tokens": stats.completion_tokens,
+                     "output_tokens_per_s": round(stats.output_tokens_per_s)}
+    results["generate"] = gen
+
+    dtypes = ["bf16", "fp8"] if args.fp8 else ["bf16"]
+    capture: dict[str, Any] = {}
+    for dtype in dtypes:
+        for name in ("pool", "heldout"):
+            with timer(f"hidden-states-{name}-{dtype}"):
+                stats = hidden_states.run(w / "target", w / f"gen-{name}", w / f"states-{name}-{dtype}", dtype=dtype)
+            capture[f"{name}-{dtype}"] = {"tokens": stats.tokens, "tokens_per_s": round(stats.tokens_per_s),
+                                         "bytes": HiddenStateStore.open(w / f"states-{name}-{dtype}").disk_bytes()}
+    results["hidden_states"] = capture
+
+    target, tokenizer = load_target(w / "target", device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    eval_prompts = [EvalPrompt(id=f"heldout-{i}", messages=[{"role": "user", "content": p}], category="code")
+                    for i, p in enumerate(held[: args.eval_prompts])]
+    runs = [(n, "bf16") for n in pools] + ([(pools[-1], "fp8")] if args.fp8 else [])
+    curve = []
+    for n, dtype in runs:
+        tag = f"{n}-{dtype}"
+        cfg = TrainConfig(
+            data=str(w / f"states-pool-{dtype}"), eval_data=str(w / f"states-heldout-{dtype}"),
+            target=str(w / "target"), out=str(w / f"run-{tag}"), max_train_samples=n,
+            draft_vocab_size=args.vocab, ttt_steps=args.ttt_steps, lr=args.lr, warmup_ratio=0.03,
+            global_batch_size=args.batch, micro_batch_size=args.batch, max_steps=args.train_steps,
+            max_length=args.prefix_tokens + args.cont_tokens + 32, eval_max_samples=args.heldout,
+            log_every=max(1, args.train_steps // 6), eval_every=0, save_every=0, device=device, seed=0,
+        )
+        with timer(f"train-{tag}"):
+            result = train(cfg)
+        export_checkpoint(w / f"run-{tag}", w / f"export-{tag}", fmt="sglang")
+        draft = load_draft(w / f"export-{tag}", w / "target").to(device)
+        with timer(f"offline-{tag}"):
+            head = TargetHead.from_pretrained(w / "target", dtype=torch.float32, device=device)
+            held_store = HiddenStateStore.open(w / f"states-heldout-{dtype}")
+            offline = offline_metrics(draft.float(), held_store, held_store.ids(), args.eval_steps, head,
+                                      max_length=cfg.max_length)
+        draft = draft.to(torch.bfloat16 if device == "cuda" else torch.float32)
+        with timer(f"eval-{tag}"):
+            report = evaluate(target, tokenizer, DraftProposer(draft), eval_prompts, steps=args.eval_steps,
+                              max_new_tokens=args.eval_new_tokens, tie_margin=0.1 if device == "cuda" else 1e-4)
+        row = {
+            "pool": n, "dtype": dtype, "train_steps": result.step,
+            "train_tokens_per_s": result.train.get("tokens_per_s"),
+            "offline_accept_length": round(offline["accept_length"], 3),
+            "offline_acc": [round(a, 3) for a in offline["acc"]],
+            "measured_accept_length": round(report.overall.acceptance_length, 3),
+            "measured_per_position": [round(r["rate"], 3) for r in report.overall.position_rates()],
+            "eval_prompts": len(report.prompts), "greedy_ties": report.ties,
+        }
+        curve.append(row)
+        print(json.dumps(row), flush=True)
+    results["curve"] = curve
+    results["stages_s"] = timer.stages
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", default="/tmp/curator-reference")
+    p.add_argument("--out", default=None, help="also write the results JSON here")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="toy sizes for a CPU smoke run")
+    p.add_argument("--target-seconds", type=float, default=150.0)
+    p.add_argument("--source-bytes", type=int, default=60_000_000)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--target-batch", type=int, default=64)
+    p.add_argument("--prefix-tokens", type=int, default=128)
+    p.add_argument("--cont-tokens", type=int, default=128)
+    p.add_argument("--pools", default="500,2000,8000")
+    p.add_argument("--heldout", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=512)
+    p.add_argument("--ttt-steps", type=int, default=4)
+    p.add_argument("--train-steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-prompts", type=int, default=48)
+    p.add_argument("--eval-new-tokens", type=int, default=64)
+    p.add_argument("--eval-steps", type=int, default=4)
+    p.add_argument("--fp8", action="store_true", help="also train and evaluate on fp8-stored states at the largest pool")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.target_seconds, args.source_bytes, args.vocab, args.hidden, args.layers = 5.0, 6_000_000, 512, 64, 4
+        args.target_batch, args.prefix_tokens, args.cont_tokens, args.pools, args.heldout = 8, 24, 16, "16,32", 8
+        args.gen_batch, args.train_steps, args.batch, args.eval_prompts, args.eval_new_tokens = 16, 4, 8, 2, 8
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    results = run(args)
+    results["total_s"] = round(time.perf_counter() - t0, 1)
+    results["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    import transformers
+
+    results["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
+    print(f"{'pool':>6} {'dtype':>5} {'offline AL':>10} {'measured AL':>11}")
+    for row in results["curve"]:
+        print(f"{row['pool']:>6} {row['dtype']:>5} {row['offline_accept_length']:>10.3f} {row['measured_accept_length']:>11.3f}")
+    line = json.dumps(results)
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
