@@ -201,3 +201,21 @@ def test_gpu_bench_logic_runs_at_tiny_size_on_cpu(capsys: pytest.CaptureFixture[
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["tokens_per_s"] > 0 and 0 < result["fraction_of_peak"] and result["ttt_steps"] == 3
     assert math.isfinite(result["last_loss"])
+
+
+def test_held_out_store_and_nested_pools(store_dir: Path, sharp_target: Path, tmp_path: Path) -> None:
+    held = make_store(sharp_target, tmp_path / "held", n=6, seed=7)
+    run = tmp_path / "run"
+    cfg = tiny_config(store_dir, sharp_target, run, eval_data=str(held), max_train_samples=16, max_steps=2)
+    train(cfg)
+    evals = [m for m in read_metrics(run) if m["split"] == "eval"]
+    assert evals and evals[-1]["samples"] == 6  # every held-out sample, none of the training store's
+    [ckpt] = [d for d in (run / "checkpoints").iterdir() if d.is_dir()]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["train_config"]["max_train_samples"] == 16
+
+    other = tmp_path / "other"
+    shutil.copytree(held, other)
+    (other / "meta.json").write_text(json.dumps({**json.loads((other / "meta.json").read_text()), "aux_layer_ids": [0, 1, 2]}))
+    with pytest.raises(TrainingError, match="captured differently"):
+        train(tiny_config(store_dir, sharp_target, tmp_path / "run2", eval_data=str(other), max_steps=1))

@@ -17,7 +17,8 @@ def demo(
     settings = DemoSettings()
     if quick:
         settings = DemoSettings(rows_per_source=16, target_train_s=10.0, target_steps=80, gen_max_tokens=32,
-                                train_steps=30, eval_prompts=6, eval_max_new_tokens=24)
+                                train_steps=20, train_batch=4, train_max_length=192, eval_prompts=6,
+                                eval_max_new_tokens=24)
     run_demo(workdir, settings)
 
 

@@ -40,6 +40,8 @@ class DemoSettings:
     target_steps: int = 400
     gen_max_tokens: int = 64
     train_steps: int = 150
+    train_batch: int = 16
+    train_max_length: int = 512
     eval_prompts: int = 24
     eval_max_new_tokens: int = 48
     eval_steps: int = 3
@@ -209,8 +211,8 @@ class Demo:
         config = {
             "data": str(self.w / "states"), "target": str(self.w / "target"), "out": str(self.w / "run"),
             "draft_vocab_size": 32000, "ttt_steps": 4, "lr": 3e-3, "warmup_ratio": 0.05,
-            "global_batch_size": 16, "micro_batch_size": 16, "max_steps": self.s.train_steps,
-            "max_length": 512, "log_every": 10, "eval_every": 50, "eval_fraction": 0.1, "seed": self.s.seed,
+            "global_batch_size": self.s.train_batch, "micro_batch_size": self.s.train_batch,
+            "max_steps": self.s.train_steps, "max_length": self.s.train_max_length, "log_every": 10, "eval_every": 50, "eval_fraction": 0.1, "seed": self.s.seed,
             "device": "cpu",
         }
         config_path = self.w / "train.yaml"

@@ -10,6 +10,7 @@ agent that enqueued it is cancelled afterwards; `stop()` drains the queue before
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,9 +41,11 @@ class SinkStats:
 class CatalogSink:
     """The one writer of a scout run's catalog rows."""
 
-    def __init__(self, catalog: Catalog, batch_max: int = 500) -> None:
+    def __init__(self, catalog: Catalog, batch_max: int = 500, idle_release_s: float = 0.5, max_hold_s: float = 2.0) -> None:
         self.catalog = catalog
         self.batch_max = batch_max
+        self.idle_release_s = idle_release_s
+        self.max_hold_s = max_hold_s
         self.stats = SinkStats()
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
@@ -170,13 +173,29 @@ class CatalogSink:
         assert self._queue is not None
         while True:
             item = await self._queue.get()
-            batch = [item]
-            while len(batch) < self.batch_max and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            stop = any(job is _STOP for job in batch)
-            await self._write([job for job in batch if job is not _STOP])
-            if stop:
-                return
+            # Hold the file while writes keep coming (opening it costs ~0.1 s a time), but let go
+            # when the queue is idle or after max_hold_s, so that a person's `curator sql` during
+            # a long run gets its turn.
+            session = self.catalog.session()
+            await asyncio.to_thread(session.__enter__)
+            held_since = time.monotonic()
+            try:
+                while True:
+                    batch = [item]
+                    while len(batch) < self.batch_max and not self._queue.empty():
+                        batch.append(self._queue.get_nowait())
+                    stop = any(job is _STOP for job in batch)
+                    await self._write([job for job in batch if job is not _STOP])
+                    if stop:
+                        return
+                    if time.monotonic() - held_since > self.max_hold_s:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._queue.get(), self.idle_release_s)
+                    except asyncio.TimeoutError:
+                        break
+            finally:
+                session.__exit__(None, None, None)
 
     async def _write(self, batch: list[_Job]) -> None:
         # The whole batch runs in one worker-thread call over one held connection: opening the
