@@ -3,16 +3,26 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
+import traceback
 
 import click
 import typer
 
-import importlib
-
 from curator.errors import CuratorError
 from curator.ui import console
 from training.errors import TrainingError
+
+try:  # typer >= 0.29 ships its own copy of click, whose exceptions are not click's
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:
+    _TyperClickException = click.ClickException
+_EXITS = (click.exceptions.Exit, typer.Exit)
+_ABORTS = (click.exceptions.Abort, typer.Abort, KeyboardInterrupt)
+
+DEBUG_ENV = "CURATOR_DEBUG"
 
 app = typer.Typer(
     name="curator",
@@ -44,14 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     except (CuratorError, TrainingError) as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
         code = 1
-    except click.exceptions.Exit as exc:
+    except _EXITS as exc:
         code = exc.exit_code
-    except click.ClickException as exc:
+    except (click.ClickException, _TyperClickException) as exc:
         exc.show()
         code = exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except _ABORTS:
         console.print("[yellow]interrupted[/]")
         code = 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        console.print(
+            f"[bold red]error:[/] unexpected {type(exc).__name__}: {first} "
+            f"(set {DEBUG_ENV}=1 for the traceback, and please report it)",
+            highlight=False, markup=True,
+        )
+        code = 1
     if argv is None:
         sys.exit(code)
     return code

@@ -364,8 +364,14 @@ def check_store(layout: DraftLayout, store_meta: Any) -> list[Check]:
         return [Check("layer ids vs data", "error", str(exc))]
     draft_ids = layout.aux_layer_ids
     if draft_ids is None:
-        checks.append(Check("layer ids vs data", "warn",
-                            f"the data was captured at {ids} (inputs of layers) but the export records none"))
+        served = default_layer_ids(store_meta.num_layers)  # what the server falls back to
+        if served == ids:
+            checks.append(Check("layer ids vs data", "warn",
+                                f"the export records no layer ids; the server's default {served} is what the data was captured at"))
+        else:
+            checks.append(Check("layer ids vs data", "error",
+                                f"the export records no layer ids, so the server would use its default {served}, "
+                                f"but the draft learned from {ids} (inputs of layers); re-export with curator export"))
     elif list(draft_ids) != ids:
         checks.append(Check("layer ids vs data", "error",
                             f"export says {draft_ids} but the training data was captured at {ids} "

@@ -231,3 +231,12 @@ def test_cli_exits_nonzero_and_prints_the_right_command(target: Path, good_draft
 
 def test_cli_reports_a_missing_draft_in_one_line(tmp_path: Path) -> None:
     assert main(["doctor", "--draft", str(tmp_path / "nope")]) == 1
+
+
+def test_export_without_layer_ids_is_an_error_when_the_server_default_differs(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "draft", config={"eagle_config": None})
+    report = diagnose(draft, target, store=write_store(tmp_path / "other", [1, 2, 3]))
+    assert any(c.status == "error" and "default" in c.detail for c in report.checks)
+    assert not report.ok
+    same = diagnose(draft, target, store=write_store(tmp_path / "same", LAYER_IDS))
+    assert not [c for c in same.checks if c.status == "error"]

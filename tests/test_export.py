@@ -97,3 +97,17 @@ def test_curator_export_writes_the_chosen_layout(run_dir: Path, tmp_path: Path) 
     assert main(["export", "--checkpoint", str(run_dir), "--format", "speculators", "--out", str(tmp_path / "d")]) == 0
     assert json.loads((tmp_path / "d" / "config.json").read_text())["architectures"] == ["Eagle3Speculator"]
     assert main(["export", "--checkpoint", str(run_dir), "--format", "eagle", "--out", str(tmp_path / "e")]) == 1
+
+
+def test_export_never_deletes_a_folder_that_is_not_an_export(run_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match="holds other files"):
+        export_checkpoint(run_dir, run_dir, fmt="sglang")  # the run itself: refused, nothing removed
+    assert (run_dir / "checkpoints").is_dir() and (run_dir / "metrics.jsonl").is_file()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    with pytest.raises(TrainingError, match="is a file"):
+        export_checkpoint(run_dir, a_file, fmt="sglang")
+    assert a_file.read_text() == "keep me"
+    out = export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+    assert export_checkpoint(run_dir, out, fmt="speculators") == out  # an earlier export is replaced
+    assert not list(tmp_path.glob(".*.tmp"))

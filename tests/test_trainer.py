@@ -219,3 +219,15 @@ def test_held_out_store_and_nested_pools(store_dir: Path, sharp_target: Path, tm
     (other / "meta.json").write_text(json.dumps({**json.loads((other / "meta.json").read_text()), "aux_layer_ids": [0, 1, 2]}))
     with pytest.raises(TrainingError, match="captured differently"):
         train(tiny_config(store_dir, sharp_target, tmp_path / "run2", eval_data=str(other), max_steps=1))
+
+
+def test_fresh_run_in_a_killed_runs_folder_rebuilds_its_vocab(store_dir: Path, sharp_target: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    # What a run killed before its first checkpoint leaves: a vocab of another size, old metrics.
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "train", "step": 50, "loss": 9.0}) + "\n")
+    (run / "vocab.json").write_text(json.dumps({"draft_ids": list(range(7)), "target_vocab_size": 10}))
+    train(tiny_config(store_dir, sharp_target, run, draft_vocab_size=64, max_steps=2))
+    vocab = json.loads((run / "vocab.json").read_text())
+    assert len(vocab["draft_ids"]) == 64
+    assert [m["step"] for m in read_metrics(run)][0] != 50

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from training.errors import TrainingError
 import torch.distributed as dist
 
 
@@ -35,7 +37,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         return torch.device("cuda", local_rank)
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError as exc:
+        raise TrainingError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from exc
 
 
 def init_distributed(device: str = "auto") -> DistInfo:

@@ -130,16 +130,35 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, fmt: str = "sgl
             "torch_dtype": "bfloat16",
             "curator": provenance,
         }
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
+    _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}.tmp")
     tmp.mkdir()
-    save_file(_serving_weights(weights, fmt), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    try:
+        save_file(_serving_weights(weights, fmt), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)  # an earlier export only (_check_replaceable)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse an --out that is a file or a folder holding anything but an earlier export."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise TrainingError(f"--out {out} is a file; export into a new or empty directory")
+    others = sorted(p.name for p in out.iterdir() if p.name not in {"config.json", WEIGHTS_FILE})
+    if others:
+        raise TrainingError(
+            f"--out {out} holds other files ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); "
+            "export into a new or empty directory (only an earlier export is replaced)"
+        )
 
 
 def _config_from_export(config: dict[str, Any]) -> tuple[DraftConfig, str]:

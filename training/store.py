@@ -29,6 +29,7 @@ samples are simply captured again on resume; nothing half-written is ever read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -106,6 +107,11 @@ class StoreMeta:
         known = set(cls.__dataclass_fields__)
         extra = dict(data.pop("extra", {}) or {})
         extra.update({k: v for k, v in data.items() if k not in known})
+        required = [n for n, f in cls.__dataclass_fields__.items()
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise StoreError(f"meta.json lacks {', '.join(missing)}: the store is damaged or was written by another tool")
         return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
 
 

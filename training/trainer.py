@@ -305,7 +305,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     pointer = Path(run_dir) / "checkpoints" / "latest.json"
     if not pointer.exists():
         return None
-    path = Path(run_dir) / "checkpoints" / json.loads(pointer.read_text(encoding="utf-8"))["name"]
+    try:
+        name = json.loads(pointer.read_text(encoding="utf-8"))["name"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TrainingError(f"{pointer} is unreadable ({exc}); point --checkpoint at a checkpoints/step-* folder") from exc
+    path = Path(run_dir) / "checkpoints" / str(name)
     return path if (path / "meta.json").exists() else None
 
 
@@ -442,10 +446,12 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
 
 
 def _resolve_vocab(
-    cfg: TrainConfig, store: HiddenStateStore, train_ids: list[str], run_dir: Path, dist_info: DistInfo
+    cfg: TrainConfig, store: HiddenStateStore, train_ids: list[str], run_dir: Path, dist_info: DistInfo, fresh: bool
 ) -> DraftVocab:
     path = run_dir / "vocab.json"
-    if not path.exists() and dist_info.is_main:
+    # Only a resumed run reuses its vocab; a fresh one (also in the folder of a run killed before
+    # its first checkpoint) counts it again, so the file always describes these weights.
+    if (fresh or not path.exists()) and dist_info.is_main:
         ids = train_ids[: cfg.vocab_max_samples] if cfg.vocab_max_samples else train_ids
         counts, n, skipped = count_tokens((store[sid] for sid in ids), store.meta.vocab_size)
         vocab = build_vocab(counts, cfg.draft_vocab_size, samples_counted=n, samples_skipped=skipped)
@@ -513,7 +519,9 @@ def train(
         raise TrainingError(
             f"{len(train_ids)} training samples are fewer than global_batch_size {cfg.global_batch_size}"
         )
-    vocab = _resolve_vocab(cfg, store, train_ids, run_dir, dist_info)
+    if ckpt is None and dist_info.is_main:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # left by a run killed before its first checkpoint
+    vocab = _resolve_vocab(cfg, store, train_ids, run_dir, dist_info, fresh=ckpt is None)
 
     from training.export import sglang_layer_ids  # export imports this module: import at call time
 

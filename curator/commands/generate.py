@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.progress import Progress, TaskID, TextColumn
 
 from curator.catalog import Catalog
-from curator.errors import ConfigError
+from curator.errors import CatalogError, ConfigError
 from curator.generate import GenerateConfig, GenerationStats, Snapshot, generate
 from curator.ui import console, progress, summary_table
 
@@ -112,8 +112,12 @@ def generate_command(
     with bar:
         stats = generate(config, on_progress=_LiveProgress(bar))
     console.print(summary_table("generation", summary_rows(stats)))
-    with Catalog.open(catalog) as cat:
-        cat.record_generation_run(stats.run_id, str(mix), str(out), model, stats.endpoints, stats.as_dict())
+    # The run is complete on disk whatever the catalog says: a catalog failure is a warning.
+    try:
+        with Catalog.open(catalog) as cat:
+            cat.record_generation_run(stats.run_id, str(mix), str(out), model, stats.endpoints, stats.as_dict())
+    except CatalogError as exc:
+        console.print(f"[yellow]warning:[/] the run is complete but was not recorded in the catalog: {exc}")
 
 
 def register(app: typer.Typer) -> None:

@@ -57,11 +57,12 @@ def build_mix_command(
         raise ConfigError("give exactly one of --recipe FILE or --from-catalog")
     if target_samples is not None and not from_catalog:
         raise ConfigError("--target-samples only applies with --from-catalog (set `samples:` in the recipe instead)")
-    cat = Catalog.open(catalog)
     mix_recipe: Recipe
     if recipe is not None:
-        mix_recipe = load_recipe(recipe)
+        mix_recipe = load_recipe(recipe)  # a bad recipe fails before any catalog file is created
+        cat = Catalog.open(catalog)
     else:
+        cat = Catalog.open(catalog)
         mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples)
     licenses = licenses_from_catalog(cat, mix_recipe) if mix_recipe.filters.licenses is not None else None
     with progress() as bar:

@@ -98,6 +98,7 @@ def plots(report: DemoReport) -> dict[str, str]:
         if report.acceptance_estimated:
             xs = range(1, len(report.acceptance_estimated) + 1)
             ax.plot(list(xs), report.acceptance_estimated, "s--", label="estimated (held-out states)")
+        ax.set_xticks(range(1, max(len(report.acceptance_measured), len(report.acceptance_estimated)) + 1))
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted)")
         ax.set_ylim(0, 1)

@@ -1,0 +1,41 @@
+"""The CLI's error contract: bad input is one line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from curator.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["train", "--lr", "fast"], "Invalid value for '--lr'"),
+        (["no-such-command"], "No such command"),
+        (["build-mix"], "Missing option '--out'"),
+    ],
+)
+def test_usage_errors_exit_2_with_the_reason(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_an_unexpected_failure_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    (mix / "part-00000.parquet").write_bytes(b"not parquet at all")
+    code = main(["generate", "--mix", str(mix), "--out", str(tmp_path / "gen"), "--model", "m",
+                 "--endpoint", "http://127.0.0.1:9", "--catalog", str(tmp_path / "c.duckdb")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err and err.strip().startswith("error:")
+
+
+def test_bad_recipe_creates_no_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CURATOR_CATALOG", raising=False)
+    assert main(["build-mix", "--recipe", str(tmp_path / "missing.yaml"), "--out", "mix"]) == 1
+    assert not (tmp_path / "catalog.duckdb").exists()
+    assert "missing.yaml" in capsys.readouterr().err
