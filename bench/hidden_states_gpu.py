@@ -23,28 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
+
 from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers, sample_finite  # noqa: E402
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak_tflops(device: torch.device, size: int = 8192, iters: int = 30) -> float:
-    """Return the measured bf16 (fp32 on CPU) matmul throughput in TFLOP/s."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    _sync(device)
-    return 2 * size**3 * iters / (time.perf_counter() - start) / 1e12
 
 
 def build_model(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,

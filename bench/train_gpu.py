@@ -23,28 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
+
 from training.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from training.target_head import TargetHead  # noqa: E402
 from training.trainer import Batch, TTTObjective, step_counts, target_signals  # noqa: E402
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak_tflops(device: torch.device, n: int, iters: int) -> float:
-    """Return the measured bf16 (CUDA) or fp32 (CPU) matmul rate in TFLOP/s on an n x n x n product."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * iters / (time.perf_counter() - t) / 1e12
 
 
 def train_flops_per_token(cfg: DraftConfig, ttt_steps: int, seq: int) -> float:

@@ -181,7 +181,19 @@ async def _with_retries(
 # -- Anthropic ---------------------------------------------------------------------------------
 
 
-class AnthropicClient:
+class _SharedMessages:
+    """The message shapes that the Anthropic and OpenAI chat APIs have in common."""
+
+    def user_message(self, text: str) -> list[dict[str, Any]]:
+        """Return the messages that add a plain user message."""
+        return [{"role": "user", "content": text}]
+
+    def assistant_messages(self, turn: LLMTurn) -> list[dict[str, Any]]:
+        """Return the messages that add the model's turn to the conversation."""
+        return [turn.raw]
+
+
+class AnthropicClient(_SharedMessages):
     """Anthropic Messages API with tool use, through `anthropic.AsyncAnthropic`.
 
     The SDK's own retries are off (max_retries=0) so that one policy, with the agent's display
@@ -285,14 +297,6 @@ class AnthropicClient:
             return True, None, f"cannot reach the Anthropic API at {self._client.base_url}: {exc}"
         return False, None, f"Anthropic client failed: {type(exc).__name__}: {exc}"
 
-    def user_message(self, text: str) -> list[dict[str, Any]]:
-        """Return the messages that add a plain user message."""
-        return [{"role": "user", "content": text}]
-
-    def assistant_messages(self, turn: LLMTurn) -> list[dict[str, Any]]:
-        """Return the messages that add the model's turn to the conversation."""
-        return [turn.raw]
-
     def tool_result_messages(self, outcomes: Sequence[ToolOutcome], note: str | None = None) -> list[dict[str, Any]]:
         """Return one user message holding a tool_result block per call (and the note as text)."""
         blocks: list[dict[str, Any]] = [
@@ -321,7 +325,7 @@ def chat_completions_url(base_url: str) -> str:
     return url + "/v1/chat/completions"
 
 
-class OpenAIClient:
+class OpenAIClient(_SharedMessages):
     """Any OpenAI-compatible chat-completions server with tool calling (SGLang, vLLM, ...)."""
 
     def __init__(
@@ -450,14 +454,6 @@ class OpenAIClient:
         if isinstance(exc, httpx.TransportError):
             return True, None, f"cannot reach {self.url}: {type(exc).__name__}: {exc}"
         return False, None, f"OpenAI-compatible client failed: {type(exc).__name__}: {exc}"
-
-    def user_message(self, text: str) -> list[dict[str, Any]]:
-        """Return the messages that add a plain user message."""
-        return [{"role": "user", "content": text}]
-
-    def assistant_messages(self, turn: LLMTurn) -> list[dict[str, Any]]:
-        """Return the messages that add the model's turn to the conversation."""
-        return [turn.raw]
 
     def tool_result_messages(self, outcomes: Sequence[ToolOutcome], note: str | None = None) -> list[dict[str, Any]]:
         """Return one `tool` message per call (errors marked in the text), then the note as a user message."""

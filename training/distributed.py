@@ -69,7 +69,11 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown() -> None:
-    """Leave the process group if this process joined one."""
+def shutdown(clean: bool = True) -> None:
+    """Leave the process group if this process joined one (after a failure: without waiting)."""
     if dist.is_available() and dist.is_initialized():
+        # On a clean finish every rank reaches this point before any tears the group down: a gloo
+        # rank whose peer has already gone can abort (SIGABRT) in its transport thread.
+        if clean and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -479,6 +479,20 @@ class HiddenStateStore:
         for sid in self._ids:
             yield self[sid]
 
+    def load_many(self, ids: list[str]) -> list[HiddenStateSample]:
+        """Return the samples `ids` (the trainer reads whole batches through this)."""
+        return [self[sid] for sid in ids]
+
+    def tokens(self, sid: str) -> HiddenStateSample:
+        """Return sample `sid` with its token ids and loss mask only (aux empty): cheap reads for
+        counting the draft vocabulary over a store of terabytes."""
+        entry = self._entries[sid]
+        h = self._handle(entry["shard"])
+        lo, hi = int(entry["offset"]), int(entry["offset"]) + int(entry["length"])
+        return HiddenStateSample(id=sid, input_ids=h.get_slice("input_ids")[lo:hi].to(torch.long),
+                                 loss_mask=h.get_slice("loss_mask")[lo:hi].to(torch.bool),
+                                 aux=torch.empty(0), category=str(entry.get("category", "")))
+
     def disk_bytes(self) -> int:
         """Return the bytes the store's shards take on disk."""
         return sum(p.stat().st_size for p in (self.root / "shards").glob("*.safetensors"))

@@ -17,7 +17,8 @@ from training.errors import TrainingError
 @dataclass
 class TrainConfig:
     # where things are
-    data: str = ""  # hidden-state store directory
+    data: str = ""  # hidden-state store directory; with online: a generation output directory
+    online: bool = False  # run the target beside the draft (training/online.py): nothing is stored
     target: str = ""  # the target's local model directory (config.json + safetensors)
     out: str = ""  # run directory: checkpoints, metrics.jsonl, vocab.json
     # the draft

@@ -41,7 +41,10 @@ from safetensors.torch import load_file, save_file
 from training.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from training.draft import DraftConfig, Eagle3Draft, TTTCache
 from training.errors import ModelMismatchError, StoreError, TrainingError
+from training.online import OnlineStates
 from training.store import HiddenStateStore, StoreMeta
+
+States = HiddenStateStore | OnlineStates  # stored states, or the target run beside the draft
 from training.target_head import TargetHead, load_embeddings, read_target_config
 from training.train_config import TrainConfig
 from training.vocab import DraftVocab, count_tokens, build_vocab
@@ -74,17 +77,18 @@ class Batch:
         )
 
 
-def load_batch(store: HiddenStateStore, ids: Sequence[str], max_length: int) -> Batch:
+def load_batch(store: States, ids: Sequence[str], max_length: int) -> Batch:
     """Return the samples `ids` cut to `max_length`, right-padded to the longest into one batch."""
-    samples = [store[sid] for sid in ids]
+    samples = store.load_many(list(ids))
     if any(s.final is None for s in samples):
         raise StoreError(f"{store.root} keeps no final hidden states; capture with them to train offline")
     T = min(max_length, max(len(s) for s in samples))
     B, aux_w, h = len(samples), samples[0].aux.shape[-1], samples[0].final.shape[-1]  # type: ignore[union-attr]
     input_ids = torch.zeros(B, T, dtype=torch.long)
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
-    aux = torch.zeros(B, T, aux_w, dtype=samples[0].aux.dtype)
-    final = torch.zeros(B, T, h, dtype=samples[0].aux.dtype)
+    # Online states are already on the GPU: build the batch where they are.
+    aux = torch.zeros(B, T, aux_w, dtype=samples[0].aux.dtype, device=samples[0].aux.device)
+    final = torch.zeros(B, T, h, dtype=samples[0].aux.dtype, device=samples[0].aux.device)
     for i, s in enumerate(samples):
         n = min(T, len(s))
         input_ids[i, :n] = s.input_ids[:n]
@@ -241,7 +245,7 @@ def summarize(sums: torch.Tensor, step_weight: float = 0.8) -> dict[str, Any]:
 @torch.no_grad()
 def metric_sums(
     draft: Eagle3Draft,
-    store: HiddenStateStore,
+    store: States,
     ids: Sequence[str],
     ttt_steps: int,
     head: TargetHead,
@@ -271,7 +275,7 @@ def metric_sums(
 
 def offline_metrics(
     draft: Eagle3Draft,
-    store: HiddenStateStore,
+    store: States,
     ids: Sequence[str],
     ttt_steps: int,
     target_head: TargetHead,
@@ -400,7 +404,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _check_inputs(meta: StoreMeta, target_cfg: dict[str, Any], head: TargetHead, store: HiddenStateStore) -> None:
+def _check_inputs(meta: StoreMeta, target_cfg: dict[str, Any], head: TargetHead, store: States) -> None:
     if not meta.has_final:
         raise StoreError(f"{store.root} keeps no final hidden states; capture with them to train offline")
     if int(target_cfg["hidden_size"]) != meta.hidden_size or head.hidden_size != meta.hidden_size:
@@ -446,14 +450,14 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
 
 
 def _resolve_vocab(
-    cfg: TrainConfig, store: HiddenStateStore, train_ids: list[str], run_dir: Path, dist_info: DistInfo, fresh: bool
+    cfg: TrainConfig, store: States, train_ids: list[str], run_dir: Path, dist_info: DistInfo, fresh: bool
 ) -> DraftVocab:
     path = run_dir / "vocab.json"
     # Only a resumed run reuses its vocab; a fresh one (also in the folder of a run killed before
     # its first checkpoint) counts it again, so the file always describes these weights.
     if (fresh or not path.exists()) and dist_info.is_main:
         ids = train_ids[: cfg.vocab_max_samples] if cfg.vocab_max_samples else train_ids
-        counts, n, skipped = count_tokens((store[sid] for sid in ids), store.meta.vocab_size)
+        counts, n, skipped = count_tokens((store.tokens(sid) for sid in ids), store.meta.vocab_size)
         vocab = build_vocab(counts, cfg.draft_vocab_size, samples_counted=n, samples_skipped=skipped)
         vocab.save(path)
     barrier()
@@ -499,7 +503,7 @@ def train(
     use_bf16 = cfg.bf16 if cfg.bf16 is not None else device.type == "cuda"
     data_dtype = torch.bfloat16 if use_bf16 else torch.float32
 
-    store = HiddenStateStore.open(cfg.data)
+    store = OnlineStates.open(cfg.target, cfg.data, device=device) if cfg.online else HiddenStateStore.open(cfg.data)
     target_cfg = read_target_config(cfg.target)
     head = TargetHead.from_pretrained(cfg.target, dtype=data_dtype, device=device)
     _check_inputs(store.meta, target_cfg, head, store)
@@ -689,8 +693,10 @@ def _local_rank_main(rank: int, world: int, port: int, cfg_dict: dict[str, Any],
         torch.set_num_threads(threads)
     try:
         train(TrainConfig.from_dict(cfg_dict))
-    finally:
-        shutdown()
+    except BaseException:
+        shutdown(clean=False)
+        raise
+    shutdown()
 
 
 def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: int | None = None) -> None:
@@ -736,10 +742,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = train(cfg, resume=args.resume, on_metrics=log if is_main else None)
     except TrainingError as exc:
+        shutdown(clean=False)
         print(f"error: {exc}", flush=True)
         return 1
-    finally:
-        shutdown()
+    except BaseException:
+        shutdown(clean=False)
+        raise
+    shutdown()
     if is_main:
         print(json.dumps({"checkpoint": str(result.checkpoint), "step": result.step, "eval": result.eval}), flush=True)
     return 0

@@ -59,7 +59,8 @@ def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> 
 
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON file with every option of the run."),
-    data: Optional[str] = typer.Option(None, "--data", help="Hidden-state store directory."),
+    data: Optional[str] = typer.Option(None, "--data", help="Hidden-state store directory (with --online: a generation output)."),
+    online: Optional[bool] = typer.Option(None, "--online/--offline", help="Run the target beside the draft instead of reading stored states."),
     target: Optional[str] = typer.Option(None, "--target", help="The target's local model directory."),
     out: Optional[str] = typer.Option(None, "--out", help="Run directory (checkpoints, metrics.jsonl, vocab.json)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its latest checkpoint."),
@@ -80,7 +81,7 @@ def train(
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in."),
 ) -> None:
     """Train an EAGLE-3 draft with training-time test on stored target hidden states."""
-    overrides = dict(data=data, target=target, out=out, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size,
+    overrides = dict(data=data, online=online, target=target, out=out, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size,
                      lr=lr, epochs=epochs, max_steps=max_steps, global_batch_size=global_batch_size,
                      micro_batch_size=micro_batch_size, max_length=max_length, log_every=log_every,
                      eval_every=eval_every, save_every=save_every, seed=seed, device=device)
