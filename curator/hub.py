@@ -14,6 +14,7 @@ requests, so ten agents asking for the same dataset cause one fetch.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 import json
 import os
 import re
@@ -196,7 +197,7 @@ def feature_type(t: Any) -> str:
     return str(kind)
 
 
-class HubClient:
+class HubClient(ABC):
     """The scouts' view of the Hub; subclasses implement `_search` and `_inspect`.
 
     Answers are cached for the object's life; concurrent identical requests share one fetch.
@@ -226,11 +227,13 @@ class HubClient:
     async def aclose(self) -> None:
         """Release network resources (nothing to do for offline backends)."""
 
+    @abstractmethod
     async def _search(self, query: str, limit: int) -> list[DatasetHit]:
-        raise NotImplementedError
+        """Fetch one search (LiveHub: the Hub API; SnapshotHub: the saved file)."""
 
+    @abstractmethod
     async def _inspect(self, dataset_id: str) -> DatasetDetails:
-        raise NotImplementedError
+        """Fetch one dataset's details."""
 
     async def _once(self, key: tuple, fetch: Callable[[], Awaitable[T]]) -> T:
         if key in self._done:
