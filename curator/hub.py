@@ -14,12 +14,12 @@ requests, so ten agents asking for the same dataset cause one fetch.
 from __future__ import annotations
 
 import asyncio
-from abc import ABC, abstractmethod
 import json
 import os
 import re
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field
