@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 
-from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers, sample_finite  # noqa: E402
+from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers, sample_finite, to_host  # noqa: E402
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
 
 
@@ -101,10 +101,12 @@ def run_bench(
                 _sync(dev)
                 forward_s += time.perf_counter() - f0
                 finite = sample_finite(states, [seq] * len(chunk))
-                aux, final = states.aux.to("cpu"), states.final.to("cpu")
+                host = to_host(states, meta)  # fp8: quantised on the GPU before the copy
                 bg.put([
-                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), aux[b], final[b],
-                                      finite=finite[b])
+                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), host.aux[b],
+                                      host.final[b], finite=finite[b],
+                                      aux_scale=host.aux_scale[b] if host.aux_scale is not None else None,
+                                      final_scale=host.final_scale[b] if host.final_scale is not None else None)
                     for b in range(len(chunk))
                 ])
             bg.close()

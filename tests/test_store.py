@@ -187,3 +187,25 @@ def test_bytes_per_token_counts_aux_final_and_scales() -> None:
     assert bytes_per_token(4096, 3, "bf16", False) == 3 * 4096 * 2 + 5
     assert bytes_per_token(4096, 3, "bf16", True) == 4 * 4096 * 2 + 5
     assert bytes_per_token(4096, 3, "fp8", True) == 4 * (4096 + 4) + 5
+
+
+def test_fp8_quantised_upstream_stores_the_same_bytes_as_quantised_by_the_writer(tmp_path: Path) -> None:
+    from training.store import quantize_fp8
+
+    meta = StoreMeta(target="t", hidden_size=8, num_layers=6, vocab_size=50, aux_layer_ids=[1, 2, 3], dtype="fp8",
+                     has_final=True)
+    gen = torch.Generator().manual_seed(0)
+    samples = [HiddenStateSample(f"s{i}", torch.arange(5), torch.ones(5, dtype=torch.bool),
+                                 torch.randn(5, 24, generator=gen) * 10 ** i, torch.randn(5, 8, generator=gen))
+               for i in range(3)]
+    with StoreWriter(tmp_path / "writer", meta) as w:
+        for s in samples:
+            w.add(s)
+    with StoreWriter(tmp_path / "upstream", meta) as w:
+        for s in samples:
+            aq, asc = quantize_fp8(s.aux, 3)
+            fq, fsc = quantize_fp8(s.final, 1)
+            w.add(HiddenStateSample(s.id, s.input_ids, s.loss_mask, aq, fq, finite=True, aux_scale=asc, final_scale=fsc))
+    a, b = HiddenStateStore.open(tmp_path / "writer"), HiddenStateStore.open(tmp_path / "upstream")
+    for sid in a.ids():
+        assert torch.equal(a[sid].aux, b[sid].aux) and torch.equal(a[sid].final, b[sid].final)

@@ -43,7 +43,7 @@ from training.chat_tokens import (
     tokenizer_sha256,
 )
 from training.errors import ModelMismatchError, TrainingError
-from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index
+from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index, quantize_fp8
 
 LAYER_CONVENTION = "sglang-input"
 
@@ -349,8 +349,7 @@ def extract(
                             f"{meta.hidden_size}; use another --out directory for this target"
                         )
                     finite = sample_finite(states, [len(s.input_ids) for s in items])
-                    aux = states.aux.to("cpu")
-                    final = states.final.to("cpu") if states.final is not None else None
+                    host = to_host(states, meta)
                     out = []
                     for b, s in enumerate(items):
                         t = len(s.input_ids)
@@ -359,10 +358,12 @@ def extract(
                                 id=s.id,
                                 input_ids=s.input_ids,
                                 loss_mask=s.loss_mask,
-                                aux=aux[b, :t],
-                                final=final[b, :t] if final is not None else None,
+                                aux=host.aux[b, :t],
+                                final=host.final[b, :t] if host.final is not None else None,
                                 category=s.category,
                                 finite=finite[b],
+                                aux_scale=host.aux_scale[b, :t] if host.aux_scale is not None else None,
+                                final_scale=host.final_scale[b, :t] if host.final_scale is not None else None,
                             )
                         )
                         stats.loss_tokens += int(s.loss_mask.sum())
@@ -377,6 +378,30 @@ def extract(
         stats.tokens = writer.stored_tokens
     stats.wall_s = time.perf_counter() - start
     return stats
+
+
+@dataclass
+class HostStates:
+    """A batch's states on the host, as the store keeps them: bf16, or fp8 values with scales."""
+
+    aux: torch.Tensor  # (B, T, n_aux*H)
+    final: torch.Tensor | None  # (B, T, H)
+    aux_scale: torch.Tensor | None = None  # (B, T, n_aux) float32, fp8 only
+    final_scale: torch.Tensor | None = None  # (B, T, 1)
+
+
+def to_host(states: CapturedStates, meta: StoreMeta) -> HostStates:
+    """Return the batch copied to the host; an fp8 store's states are quantised first, where
+    they are (the GPU), so half the bytes cross to the host and the writer threads do less."""
+    if meta.dtype != "fp8":
+        return HostStates(states.aux.to("cpu"), states.final.to("cpu") if states.final is not None else None)
+    B, T, W = states.aux.shape
+    q, scale = quantize_fp8(states.aux.reshape(B * T, W), len(meta.aux_layer_ids))
+    host = HostStates(q.reshape(B, T, W).to("cpu"), None, scale.reshape(B, T, -1).to("cpu"))
+    if states.final is not None:
+        fq, fscale = quantize_fp8(states.final.reshape(B * T, -1), 1)
+        host.final, host.final_scale = fq.reshape(B, T, -1).to("cpu"), fscale.reshape(B, T, 1).to("cpu")
+    return host
 
 
 def sample_finite(states: CapturedStates, lengths: list[int]) -> list[bool]:

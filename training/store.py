@@ -135,6 +135,10 @@ class HiddenStateSample:
     # Checked where the states were made (one reduction on the GPU) instead of by a pass over
     # the host copy in the writer thread; None: check here.
     finite: bool | None = None
+    # Set when aux/final arrive already quantised to fp8 (on the GPU, before the copy to the
+    # host: half the bytes to move): float32 scales [T, n_rows], as quantize_fp8 returns them.
+    aux_scale: torch.Tensor | None = None
+    final_scale: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -143,9 +147,9 @@ class HiddenStateSample:
         """Return False when any captured state holds NaN or inf."""
         if self.finite is not None:
             return self.finite
-        if not bool(torch.isfinite(self.aux).all()):
+        if not bool(torch.isfinite(self.aux.float()).all()):
             return False
-        return self.final is None or bool(torch.isfinite(self.final).all())
+        return self.final is None or bool(torch.isfinite(self.final.float()).all())
 
 
 def quantize_fp8(x: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +160,17 @@ def quantize_fp8(x: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tens
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (rows / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.reshape(t, -1), scale
+
+
+def _fp8(x: torch.Tensor, scale: torch.Tensor | None, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (fp8 values, scales) on the host: as given when already quantised, else quantised here."""
+    if scale is not None:
+        if x.dtype != torch.float8_e4m3fn:
+            raise StoreError(f"a sample with fp8 scales must hold float8_e4m3fn values, not {x.dtype}")
+        return x.detach().cpu(), scale.detach().cpu().float()
+    if x.dtype == torch.float8_e4m3fn:
+        raise StoreError("a sample holds fp8 values without their scales")
+    return quantize_fp8(x.detach().cpu(), n_rows)
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -344,16 +359,21 @@ class StoreWriter:
             "input_ids": torch.cat([s.input_ids.reshape(-1).to(torch.int32) for s in buffer]),
             "loss_mask": torch.cat([s.loss_mask.reshape(-1).to(torch.bool) for s in buffer]),
         }
-        aux = torch.cat([s.aux.detach().cpu() for s in buffer])
-        finals = torch.cat([s.final.detach().cpu() for s in buffer]) if meta.has_final else None
         if meta.dtype == "fp8":
-            tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux, len(meta.aux_layer_ids))
-            if finals is not None:
-                tensors["final"], tensors["final_scale"] = quantize_fp8(finals, 1)
+            # Scales are per token, so quantising sample by sample gives the same bytes as
+            # quantising the shard at once; samples quantised upstream pass through.
+            n_aux = len(meta.aux_layer_ids)
+            aux_parts = [_fp8(s.aux, s.aux_scale, n_aux) for s in buffer]
+            tensors["aux"] = torch.cat([q for q, _ in aux_parts])
+            tensors["aux_scale"] = torch.cat([sc for _, sc in aux_parts])
+            if meta.has_final:
+                final_parts = [_fp8(s.final, s.final_scale, 1) for s in buffer]  # type: ignore[arg-type]
+                tensors["final"] = torch.cat([q for q, _ in final_parts])
+                tensors["final_scale"] = torch.cat([sc for _, sc in final_parts])
         else:
-            tensors["aux"] = aux.to(torch.bfloat16)
-            if finals is not None:
-                tensors["final"] = finals.to(torch.bfloat16)
+            tensors["aux"] = torch.cat([s.aux.detach().cpu() for s in buffer]).to(torch.bfloat16)
+            if meta.has_final:
+                tensors["final"] = torch.cat([s.final.detach().cpu() for s in buffer]).to(torch.bfloat16)  # type: ignore[union-attr]
         path = self.root / "shards" / name
         tmp = path.with_name(f".{name}.tmp")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT})
