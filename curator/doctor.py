@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from curator.errors import ConfigError
 
@@ -151,9 +151,12 @@ def read_draft(path: str | Path) -> DraftLayout:
         raise ConfigError(f"no *.safetensors weights in {root}")
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():
-                shapes[key] = tuple(handle.get_slice(key).get_shape())
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    shapes[key] = tuple(handle.get_slice(key).get_shape())
+        except (OSError, SafetensorError) as exc:
+            raise ConfigError(f"{file} is not a readable safetensors file ({exc}); was it copied completely?") from None
     archs = config.get("architectures") or []
     if SPECULATORS_ARCH in archs or config.get("speculators_model_type"):
         fmt: Literal["sglang", "speculators", "unknown"] = "speculators"

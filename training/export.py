@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from training.draft import DraftConfig, Eagle3Draft
@@ -47,7 +48,7 @@ def _read_checkpoint(ckpt: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     missing = [k for k in REQUIRED_META if meta.get(k) in (None, "", [])]
     if missing:
         raise TrainingError(f"checkpoint {ckpt} metadata lacks {missing}; refusing to export a draft that cannot be served right")
-    weights = load_file(str(ckpt / "draft.safetensors"))
+    weights = read_weights(ckpt / "draft.safetensors")
     absent = [k for k in REQUIRED_WEIGHTS if k not in weights]
     if absent:
         raise TrainingError(f"checkpoint {ckpt} lacks weights {absent}; refusing to export it")
@@ -161,6 +162,14 @@ def _check_replaceable(out: Path) -> None:
         )
 
 
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Return the tensors of a safetensors file; a missing or damaged file is a TrainingError."""
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise TrainingError(f"{path} is not a readable safetensors file ({exc}); was it copied completely?") from exc
+
+
 def _config_from_export(config: dict[str, Any]) -> tuple[DraftConfig, str]:
     """Return (draft config, format) read from an exported config.json."""
     arch = (config.get("architectures") or [""])[0]
@@ -200,8 +209,14 @@ def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> 
         config = json.loads((root / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise TrainingError(f"{root} is not an exported draft (config.json unreadable: {exc})") from exc
-    cfg, fmt = _config_from_export(config)
-    weights = load_file(str(root / WEIGHTS_FILE))
+    if not isinstance(config, dict):
+        raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
+    try:
+        cfg, fmt = _config_from_export(config)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ModelMismatchError(f"{root}/config.json lacks or garbles a field the draft needs ({exc!r}); "
+                                 "re-export the draft with curator export") from exc
+    weights = read_weights(root / WEIGHTS_FILE)
     if fmt == "speculators":
         weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in weights.items()}
     draft = Eagle3Draft(cfg)
