@@ -23,7 +23,7 @@ def test_usage_errors_exit_2_with_the_reason(argv: list[str], says: str, capsys:
     assert says in err and "Traceback" not in err
 
 
-def test_an_unexpected_failure_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_damaged_mix_file_is_one_line_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mix = tmp_path / "mix"
     mix.mkdir()
     (mix / "part-00000.parquet").write_bytes(b"not parquet at all")
@@ -39,3 +39,21 @@ def test_bad_recipe_creates_no_catalog(tmp_path: Path, monkeypatch: pytest.Monke
     assert main(["build-mix", "--recipe", str(tmp_path / "missing.yaml"), "--out", "mix"]) == 1
     assert not (tmp_path / "catalog.duckdb").exists()
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_an_unexpected_failure_is_one_line_and_the_traceback_is_on_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import curator.commands.catalog as catalog_commands
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(catalog_commands.Catalog, "open", broken)
+    monkeypatch.delenv("CURATOR_DEBUG", raising=False)
+    assert main(["sql", "SELECT 1"]) == 1
+    err = capsys.readouterr().err
+    assert "unexpected RuntimeError: disk on fire" in err and "Traceback" not in err
+    monkeypatch.setenv("CURATOR_DEBUG", "1")
+    assert main(["sql", "SELECT 1"]) == 1
+    assert "Traceback" in capsys.readouterr().err

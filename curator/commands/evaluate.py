@@ -47,6 +47,7 @@ def render_doctor(report: DoctorReport) -> None:
 
 def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
     """Return the prompts of a mix directory (parquet parts) and the count of malformed rows."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from training.evaluate import EvalPrompt, prompt_messages
@@ -56,7 +57,11 @@ def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
         raise ConfigError(f"{mix_dir} holds no *.parquet parts: give a mix directory (build-mix --out) or a prompt file")
     prompts, malformed = [], 0
     for part in parts:
-        for row in pq.read_table(part).to_pylist():
+        try:
+            rows = pq.read_table(part).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise ConfigError(f"{part} is not a readable parquet file ({exc}); rebuild the mix") from None
+        for row in rows:
             messages = row.get("messages")
             if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") for m in messages):
                 malformed += 1

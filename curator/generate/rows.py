@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError
@@ -50,7 +51,10 @@ def mix_files(mix_dir: str | Path) -> list[Path]:
     if not files:
         raise ConfigError(f"mix directory {root} holds no .parquet files")
     for path in files:
-        names = set(pq.read_schema(path).names)
+        try:
+            names = set(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError) as exc:
+            raise ConfigError(f"mix file {path} is not a readable parquet file ({exc}); rebuild the mix") from None
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
             raise ConfigError(f"mix file {path} lacks column(s) {', '.join(missing)}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError, HubError
@@ -116,7 +117,11 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
 
 def read_parquet(path: Path) -> Iterator[Row]:
     """Yield the rows of a parquet file, one record batch at a time."""
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(f"{path} is not a readable parquet file ({exc})") from None
+    for batch in parquet.iter_batches(batch_size=1024):
         yield from batch.to_pylist()
 
 
