@@ -182,7 +182,14 @@ async def _with_retries(
 
 
 class _SharedMessages:
-    """The message shapes that the Anthropic and OpenAI chat APIs have in common."""
+    """What the Anthropic and OpenAI clients have in common: message shapes and the retry count."""
+
+    _retries: list[int]
+
+    @property
+    def retries(self) -> int:
+        """Return how many calls were retried so far."""
+        return self._retries[0]
 
     def user_message(self, text: str) -> list[dict[str, Any]]:
         """Return the messages that add a plain user message."""
@@ -230,11 +237,6 @@ class AnthropicClient(_SharedMessages):
         has_credentials = any(getattr(self._client, name, None) for name in ("api_key", "auth_token", "credentials"))
         if not has_credentials:
             raise LLMError(MISSING_KEY_HELP)
-
-    @property
-    def retries(self) -> int:
-        """Return how many calls were retried so far."""
-        return self._retries[0]
 
     async def complete(
         self,
@@ -353,11 +355,6 @@ class OpenAIClient(_SharedMessages):
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-
-    @property
-    def retries(self) -> int:
-        """Return how many calls were retried so far."""
-        return self._retries[0]
 
     async def complete(
         self,

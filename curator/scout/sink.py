@@ -98,21 +98,6 @@ class CatalogSink:
         args = (run_id, agent, dataset_id, category, relevance, rationale, suggested_samples)
         return await self.call(lambda catalog: catalog.add_candidate(*args))
 
-    async def tool_call(
-        self,
-        run_id: str,
-        agent: str,
-        turn: int,
-        tool: str,
-        arguments: dict[str, Any],
-        ok: bool,
-        result_summary: str,
-        error: str | None,
-        latency_ms: float,
-    ) -> None:
-        """Enqueue one audit-log row (does not wait for the write)."""
-        self.log_tool_call(run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)
-
     def log_tool_call(
         self,
         run_id: str,
