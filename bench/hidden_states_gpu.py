@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -25,8 +26,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 
-from training.hidden_states import BackgroundWriter, capture_batch, default_aux_layers, sample_finite, to_host  # noqa: E402
+from training.hidden_states import BackgroundWriter, HostCopier, capture_batch, default_aux_layers, sample_finite  # noqa: E402
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
+
+
+def disk_write_gbps(out_dir: Path, total_bytes: int, threads: int = 3, chunk: int = 64 * 1024**2) -> float:
+    """Return the disk's write speed (GB/s) as the store uses it: `threads` files written in
+    parallel, each fsynced, from incompressible bytes. The ceiling the store's writes compare to."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chunk = min(chunk, max(1, total_bytes // threads))
+    data = memoryview(os.urandom(chunk))
+    per_thread = max(1, total_bytes // threads // chunk)
+
+    def one(i: int) -> None:
+        with open(out_dir / f".disk-probe-{i}", "wb") as f:
+            for _ in range(per_thread):
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(threads)))
+    seconds = time.perf_counter() - start
+    for i in range(threads):
+        (out_dir / f".disk-probe-{i}").unlink()
+    return threads * per_thread * chunk / seconds / 1e9
 
 
 def build_model(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,
@@ -67,9 +94,11 @@ def run_bench(
     warmup: int = 2,
     keep: bool = False,
     flush_workers: int = 3,
+    disk_probe_bytes: int = 4 * 1024**3,
 ) -> dict[str, Any]:
     """Return the benchmark's results (tokens/s per dtype, fraction of peak, bytes/token, ...)."""
     dev = torch.device(device)
+    disk = disk_write_gbps(Path(out_dir), disk_probe_bytes, threads=max(1, flush_workers))
     peak = matmul_peak_tflops(dev, peak_size)
     model = build_model(hidden, layers, heads, kv_heads, intermediate or int(hidden * 3.5), vocab, seq, dev)
     all_params = sum(p.numel() for p in model.parameters())
@@ -90,7 +119,8 @@ def run_bench(
         shutil.rmtree(store, ignore_errors=True)
         meta = StoreMeta(target="random-llama", hidden_size=hidden, num_layers=layers, vocab_size=vocab,
                          aux_layer_ids=aux_ids, dtype=dtype, has_final=True)
-        forward_s = 0.0
+        forward_s = copy_s = put_s = 0.0
+        copier = HostCopier(dev)
         start = time.perf_counter()
         with StoreWriter(store, meta, writer_id="bench", flush_workers=flush_workers) as writer:
             bg = BackgroundWriter(writer)
@@ -98,19 +128,23 @@ def run_bench(
                 chunk = ids[lo : lo + batch]
                 f0 = time.perf_counter()
                 states = capture_batch(model, chunk.to(dev, non_blocking=True), mask[: len(chunk)], aux_ids)
-                _sync(dev)
-                forward_s += time.perf_counter() - f0
-                finite = sample_finite(states, [seq] * len(chunk))
-                host = to_host(states, meta)  # fp8: quantised on the GPU before the copy
+                finite = sample_finite(states, [seq] * len(chunk))  # waits for the forward
+                f1 = time.perf_counter()
+                host = copier(states, meta)  # fp8: quantised on the GPU; the copy runs on a side stream
+                f2 = time.perf_counter()
                 bg.put([
                     HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), host.aux[b],
                                       host.final[b], finite=finite[b],
                                       aux_scale=host.aux_scale[b] if host.aux_scale is not None else None,
                                       final_scale=host.final_scale[b] if host.final_scale is not None else None)
                     for b in range(len(chunk))
-                ])
+                ], host)
+                f3 = time.perf_counter()
+                forward_s, copy_s, put_s = forward_s + f1 - f0, copy_s + f2 - f1, put_s + f3 - f2
+            drain0 = time.perf_counter()
             bg.close()
             wall = time.perf_counter() - start
+            drain_s = wall - (drain0 - start)
             stored, written = writer.stored, writer.bytes_written
         tokens = stored * seq
         per_dtype[dtype] = {
@@ -118,7 +152,11 @@ def run_bench(
             "forward_only_tokens_per_s": tokens / forward_s,
             "bytes_per_token_on_disk": written / max(tokens, 1),
             "write_gb_per_s": written / wall / 1e9,
+            "fraction_of_disk": written / wall / 1e9 / disk,
             "wall_s": wall,
+            # where the capture loop's time went: the forward (GPU), queueing the copy, waiting for
+            # room in the writer's queue (back-pressure from the disk), and the final drain
+            "loop_s": {"forward": forward_s, "queue_copy": copy_s, "writer_backpressure": put_s, "drain": drain_s},
             "stored_samples": stored,
         }
         if not keep:
@@ -134,6 +172,7 @@ def run_bench(
         "params_run": run_params,
         "aux_layer_ids": aux_ids,
         "peak_tflops": peak,
+        "disk_write_gb_per_s": disk,
         "tokens": first["stored_samples"] * seq,
         "tokens_per_s": first["tokens_per_s"],
         "achieved_tflops": achieved,
@@ -163,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--keep", action="store_true", help="keep the written stores")
     p.add_argument("--flush-workers", type=int, default=3, help="threads serialising and writing shards")
+    p.add_argument("--disk-probe-gb", type=float, default=4.0, help="bytes written to measure the disk's own speed")
     a = p.parse_args(argv)
     result = run_bench(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads, intermediate=a.intermediate,
                        vocab=a.vocab, seq=a.seq, samples=a.samples, batch=a.batch,
                        dtypes=tuple(d for d in a.dtypes.split(",") if d), out_dir=a.out, device=a.device, keep=a.keep,
-                       peak_size=8192 if a.device != "cpu" else 512, flush_workers=a.flush_workers)
+                       peak_size=8192 if a.device != "cpu" else 512, flush_workers=a.flush_workers,
+                       disk_probe_bytes=int(a.disk_probe_gb * 1024**3))
     print(json.dumps(result))
     return 0
 

@@ -271,9 +271,35 @@ def test_gpu_bench_logic_runs_tiny_on_cpu(tmp_path: Path) -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     result = bench.run_bench(hidden=64, layers=4, heads=4, kv_heads=2, vocab=300, seq=32, samples=6, batch=2,
-                             out_dir=tmp_path, device="cpu", peak_size=128, warmup=1)
+                             out_dir=tmp_path, device="cpu", peak_size=128, warmup=1,
+                             disk_probe_bytes=3 * 1024**2)
     assert result["tokens"] == 6 * 32 and result["tokens_per_s"] > 0
+    assert result["disk_write_gb_per_s"] > 0 and not list(tmp_path.glob(".disk-probe-*"))
+    for figures in result["per_dtype"].values():
+        assert set(figures["loop_s"]) == {"forward", "queue_copy", "writer_backpressure", "drain"}
+        assert 0 < figures["fraction_of_disk"]
     assert result["bytes_per_token"]["bf16"] == 4 * 64 * 2 + 5
     assert result["bytes_per_token"]["fp8"] < result["bytes_per_token"]["bf16"]
     assert 0 < result["fraction_of_peak"] and result["peak_tflops"] > 0
     assert result["stored_samples"] == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_async_host_copy_matches_a_plain_copy(dtype: str) -> None:
+    from training.hidden_states import CapturedStates, HostCopier
+    from training.store import StoreMeta, quantize_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    aux = torch.randn(2, 16, 3 * 32, device="cuda", generator=g, dtype=torch.bfloat16)
+    final = torch.randn(2, 16, 32, device="cuda", generator=g, dtype=torch.bfloat16)
+    meta = StoreMeta(target="t", hidden_size=32, num_layers=8, vocab_size=100, aux_layer_ids=[1, 3, 5], dtype=dtype)
+    host = HostCopier(torch.device("cuda"))(CapturedStates(aux, final), meta)
+    assert host.aux.is_pinned() and host.ready is not None
+    host.wait()
+    if dtype == "bf16":
+        assert torch.equal(host.aux, aux.cpu()) and torch.equal(host.final, final.cpu())
+    else:
+        q, scale = quantize_fp8(aux.reshape(32, -1), 3)
+        assert torch.equal(host.aux.view(torch.uint8), q.reshape(2, 16, -1).cpu().view(torch.uint8))
+        assert torch.equal(host.aux_scale, scale.reshape(2, 16, 3).cpu())

@@ -22,9 +22,12 @@ def test_source_split_is_disjoint_and_stable() -> None:
 @pytest.mark.slow
 def test_reference_pipeline_runs_at_toy_size(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    assert main(["--tiny", "--workdir", str(tmp_path / "w"), "--out", str(out), "--device", "cpu"]) == 0
+    argv = ["--tiny", "--workdir", str(tmp_path / "w"), "--out", str(out), "--device", "cpu", "--fp8", "--target-steps", "6"]
+    assert main(argv) == 0
     results = json.loads(out.read_text())
-    assert [row["pool"] for row in results["curve"]] == [16, 32]
+    assert "partial" not in results  # the file written after each stage is replaced by the whole result
+    assert results["target"]["train_steps"] == 6 and len(results["target"]["weights_sha256"]) == 16
+    assert [(row["pool"], row["dtype"]) for row in results["curve"]] == [(16, "bf16"), (32, "bf16"), (32, "fp8")]
     for row in results["curve"]:
         assert row["measured_accept_length"] >= 1.0 and row["offline_accept_length"] >= 1.0
         assert row["eval_prompts"] == 2

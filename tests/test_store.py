@@ -209,3 +209,38 @@ def test_fp8_quantised_upstream_stores_the_same_bytes_as_quantised_by_the_writer
     a, b = HiddenStateStore.open(tmp_path / "writer"), HiddenStateStore.open(tmp_path / "upstream")
     for sid in a.ids():
         assert torch.equal(a[sid].aux, b[sid].aux) and torch.equal(a[sid].final, b[sid].final)
+
+
+def test_fp8_read_as_stored_and_dequantised_on_the_device_equals_dequantised_on_read(tmp_path: Path) -> None:
+    from training.trainer import load_batch
+
+    with StoreWriter(tmp_path, meta("fp8"), shard_max_bytes=2_000) as w:
+        for i in range(6):
+            w.add(sample(i))
+    on_read = HiddenStateStore.open(tmp_path)
+    as_stored = HiddenStateStore.open(tmp_path, dequantize=False)
+    raw = as_stored["s3"]
+    assert raw.aux.dtype == torch.float8_e4m3fn and raw.aux_scale is not None and raw.final_scale is not None
+    ids = ["s0", "s3", "s5"]
+    want = load_batch(on_read, ids, max_length=8).to(torch.device("cpu"), torch.float32)
+    quantized = load_batch(as_stored, ids, max_length=8)
+    assert quantized.aux.dtype == torch.float8_e4m3fn and quantized.aux_scale.shape == (3, quantized.aux.shape[1], 3)
+    got = quantized.to(torch.device("cpu"), torch.float32)
+    # the same values (bf16 rounding on read aside), and zeros on padding
+    assert torch.allclose(got.aux, want.aux, rtol=1e-2, atol=1e-3)
+    assert torch.allclose(got.final, want.final, rtol=1e-2, atol=1e-3)
+    assert torch.equal(got.loss_mask, want.loss_mask) and torch.equal(got.input_ids, want.input_ids)
+
+
+def test_store_reads_from_several_threads_agree(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with StoreWriter(tmp_path, meta(), shard_max_bytes=1_500) as w:
+        for i in range(40):
+            w.add(sample(i))
+    store = HiddenStateStore.open(tmp_path)
+    store_ids = store.ids() * 5
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda sid: store[sid], store_ids))
+    for sid, s in zip(store_ids, got):
+        assert s.id == sid and torch.equal(s.aux, sample(int(sid[1:])).aux)

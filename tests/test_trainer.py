@@ -231,3 +231,26 @@ def test_fresh_run_in_a_killed_runs_folder_rebuilds_its_vocab(store_dir: Path, s
     vocab = json.loads((run / "vocab.json").read_text())
     assert len(vocab["draft_ids"]) == 64
     assert [m["step"] for m in read_metrics(run)][0] != 50
+
+
+def test_prefetcher_returns_each_step_in_order_and_reads_ahead() -> None:
+    import threading
+
+    from training.trainer import Prefetcher
+
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def load(step: int) -> list:
+        with lock:
+            calls.append(step)
+        return [step * 10]
+
+    p = Prefetcher(load, total_steps=5, depth=2)
+    try:
+        assert [p.get(s) for s in range(5)] == [[0], [10], [20], [30], [40]]
+    finally:
+        p.close()
+    assert sorted(calls) == [0, 1, 2, 3, 4]  # each step read exactly once, ahead of its turn
+    resumed = Prefetcher(load, total_steps=5, depth=0)
+    assert resumed.get(3) == [30]

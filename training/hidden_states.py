@@ -273,7 +273,7 @@ class BackgroundWriter:
 
     def __init__(self, writer: StoreWriter, depth: int = 4) -> None:
         self.writer = writer
-        self._queue: queue.Queue[list[HiddenStateSample] | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[list[HiddenStateSample], HostStates | None] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.stored = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
@@ -281,22 +281,25 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
-            batch = self._queue.get()
-            if batch is None:
+            item = self._queue.get()
+            if item is None:
                 return
             if self._error is not None:
                 continue
+            batch, host = item
             try:
+                if host is not None:
+                    host.wait()  # the copy from the GPU may still be in flight
                 for s in batch:
                     self.stored += int(self.writer.add(s))
             except BaseException as exc:  # re-raised in the caller's thread by put()/close()
                 self._error = exc
 
-    def put(self, samples: list[HiddenStateSample]) -> None:
-        """Queue samples for the store; re-raise a failure of the writer thread."""
+    def put(self, samples: list[HiddenStateSample], host: HostStates | None = None) -> None:
+        """Queue samples (views of `host`, when given: waited on first); re-raise a writer failure."""
         if self._error is not None:
             raise self._error
-        self._queue.put(samples)
+        self._queue.put((samples, host))
 
     def close(self) -> None:
         """Wait for every queued sample, flush the last shard, re-raise a failure."""
@@ -334,6 +337,7 @@ def extract(
     flush_workers = 3 if device.type == "cuda" else 0
     with StoreWriter(out_dir, meta, shard_max_bytes=shard_max_bytes, writer_id=f"r{rank}", flush_workers=flush_workers) as writer:
         bg = BackgroundWriter(writer)
+        copier = HostCopier(device)
         try:
             samples = prepare_samples(
                 records, tokenizer, stats, done=writer.done_ids(), max_len=max_len, rank=rank, world_size=world_size
@@ -349,7 +353,7 @@ def extract(
                             f"{meta.hidden_size}; use another --out directory for this target"
                         )
                     finite = sample_finite(states, [len(s.input_ids) for s in items])
-                    host = to_host(states, meta)
+                    host = copier(states, meta)
                     out = []
                     for b, s in enumerate(items):
                         t = len(s.input_ids)
@@ -367,7 +371,7 @@ def extract(
                             )
                         )
                         stats.loss_tokens += int(s.loss_mask.sum())
-                    bg.put(out)
+                    bg.put(out, host)
                     if on_batch is not None:
                         on_batch(len(items), sum(len(s.input_ids) for s in items))
         finally:
@@ -388,19 +392,65 @@ class HostStates:
     final: torch.Tensor | None  # (B, T, H)
     aux_scale: torch.Tensor | None = None  # (B, T, n_aux) float32, fp8 only
     final_scale: torch.Tensor | None = None  # (B, T, 1)
+    # Set when the copy from the GPU is still in flight: wait on it before reading the tensors.
+    ready: Any = None
+
+    def wait(self) -> None:
+        """Block until the tensors hold the copied values."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+
+class HostCopier:
+    """Copies a batch's states from the GPU into pinned host memory on a side stream.
+
+    A plain `.to("cpu")` of ~0.5 GB blocks the Python thread for the copy into freshly
+    allocated pageable memory (page faults included), with the GPU idle until the next batch is
+    queued. Here the copy is queued behind the forward on its own stream, into pinned buffers
+    that torch's caching host allocator recycles, and the next forward starts at once; the
+    writer thread waits on the copy's event (`HostStates.wait`) before it touches the bytes.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.cuda:
+            return t.to("cpu")
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        t.record_stream(self.stream)  # keep the GPU block alive until the copy has read it
+        return host
+
+    def __call__(self, states: CapturedStates, meta: StoreMeta) -> HostStates:
+        """Return the batch as the store keeps it; an fp8 store's states are quantised first,
+        where they are (the GPU), so half the bytes cross to the host and the writer does less."""
+        if meta.dtype != "fp8":
+            parts = {"aux": states.aux, "final": states.final}
+        else:
+            B, T, W = states.aux.shape
+            q, scale = quantize_fp8(states.aux.reshape(B * T, W), len(meta.aux_layer_ids))
+            parts = {"aux": q.reshape(B, T, W), "aux_scale": scale.reshape(B, T, -1), "final": None}
+            if states.final is not None:
+                fq, fscale = quantize_fp8(states.final.reshape(B * T, -1), 1)
+                parts.update(final=fq.reshape(B, T, -1), final_scale=fscale.reshape(B, T, 1))
+        if not self.cuda:
+            return HostStates(**{k: (v.to("cpu") if v is not None else None) for k, v in parts.items()})
+        assert self.stream is not None
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            host = {k: (self._copy(v) if v is not None else None) for k, v in parts.items()}
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return HostStates(**host, ready=event)
 
 
 def to_host(states: CapturedStates, meta: StoreMeta) -> HostStates:
-    """Return the batch copied to the host; an fp8 store's states are quantised first, where
-    they are (the GPU), so half the bytes cross to the host and the writer threads do less."""
-    if meta.dtype != "fp8":
-        return HostStates(states.aux.to("cpu"), states.final.to("cpu") if states.final is not None else None)
-    B, T, W = states.aux.shape
-    q, scale = quantize_fp8(states.aux.reshape(B * T, W), len(meta.aux_layer_ids))
-    host = HostStates(q.reshape(B, T, W).to("cpu"), None, scale.reshape(B, T, -1).to("cpu"))
-    if states.final is not None:
-        fq, fscale = quantize_fp8(states.final.reshape(B * T, -1), 1)
-        host.final, host.final_scale = fq.reshape(B, T, -1).to("cpu"), fscale.reshape(B, T, 1).to("cpu")
+    """Return the batch copied to the host (synchronously), as the store keeps it."""
+    host = HostCopier(states.aux.device)(states, meta)
+    host.wait()
     return host
 
 

@@ -157,6 +157,8 @@ def train_causal_lm(
 
     gen = random.Random(seed)
     model.to(device).train()
+    # The rows live where the model does: one gather per step instead of a host copy.
+    rows = rows.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, steps // 20)) * 0.5 * (1 + math.cos(math.pi * s / steps))
@@ -164,10 +166,14 @@ def train_causal_lm(
     use_bf16 = torch.device(device).type == "cuda"
     pad_id = model.config.pad_token_id
     losses: list[float] = []
+    pending: list[torch.Tensor] = []
+    # Every step's rows are drawn up front and sent once: a per-step host-to-device copy of the
+    # indices would wait for the GPU each step.
+    order = torch.tensor([[gen.randrange(rows.shape[0]) for _ in range(batch_size)] for _ in range(steps)],
+                         device=rows.device)
     start = time.perf_counter()
-    for _ in range(steps):
-        idx = torch.tensor([gen.randrange(rows.shape[0]) for _ in range(batch_size)])
-        batch = rows[idx].to(device)
+    for step in range(steps):
+        batch = rows[order[step]]
         # Padding is not text: keep it out of the loss (HF ignores label -100).
         labels = batch.masked_fill(batch == pad_id, -100) if pad_id is not None else batch
         with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -177,8 +183,13 @@ def train_causal_lm(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+        pending.append(loss.detach())
+        over = time_budget_s is not None and time.perf_counter() - start > time_budget_s
+        # Reading a loss waits for the GPU; a small model would idle between steps if read each step.
+        if len(pending) == 25 or step == steps - 1 or over:
+            losses.extend(torch.stack(pending).float().tolist())
+            pending = []
+        if over:
             break
     model.eval()
     return losses

@@ -25,9 +25,11 @@ import math
 import os
 import random
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from training.distributed import DistInfo, all_reduce_sum, barrier, init_distrib
 from training.draft import DraftConfig, Eagle3Draft, TTTCache
 from training.errors import ModelMismatchError, StoreError, TrainingError
 from training.online import OnlineStates
-from training.store import HiddenStateStore, StoreMeta
+from training.store import HiddenStateStore, StoreMeta, dequantize_fp8
 
 States = HiddenStateStore | OnlineStates  # stored states, or the target run beside the draft
 from training.target_head import TargetHead, load_embeddings, read_target_config
@@ -64,38 +66,92 @@ class Batch:
     ids: list[str]
     input_ids: torch.Tensor  # [B, T] int64, right-padded with 0
     loss_mask: torch.Tensor  # [B, T] bool, False on padding
-    aux: torch.Tensor  # [B, T, 3*Ht]
-    final: torch.Tensor  # [B, T, H]
+    aux: torch.Tensor  # [B, T, 3*Ht]: bf16/float32, or fp8 values with aux_scale
+    final: torch.Tensor  # [B, T, H]: likewise, with final_scale
+    aux_scale: torch.Tensor | None = None  # [B, T, 3] float32 when aux is fp8 as stored
+    final_scale: torch.Tensor | None = None  # [B, T, 1]
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
+        """Return the batch on `device` in `dtype`; fp8 states cross as fp8 and are dequantised there."""
+
+        def states(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+            if scale is None:
+                return x.to(device=device, dtype=dtype)
+            return dequantize_fp8(x.to(device), scale.to(device), dtype)
+
         return Batch(
             self.ids,
             self.input_ids.to(device),
             self.loss_mask.to(device),
-            self.aux.to(device=device, dtype=dtype),
-            self.final.to(device=device, dtype=dtype),
+            states(self.aux, self.aux_scale),
+            states(self.final, self.final_scale),
         )
 
 
 def load_batch(store: States, ids: Sequence[str], max_length: int) -> Batch:
-    """Return the samples `ids` cut to `max_length`, right-padded to the longest into one batch."""
+    """Return the samples `ids` cut to `max_length`, right-padded to the longest into one batch.
+
+    Samples read as stored fp8 (a store opened with dequantize=False) stay fp8, with their
+    scales, until `Batch.to` dequantises them on the training device.
+    """
     samples = store.load_many(list(ids))
     if any(s.final is None for s in samples):
         raise StoreError(f"{store.root} keeps no final hidden states; capture with them to train offline")
     T = min(max_length, max(len(s) for s in samples))
-    B, aux_w, h = len(samples), samples[0].aux.shape[-1], samples[0].final.shape[-1]  # type: ignore[union-attr]
+    first = samples[0]
+    B, aux_w, h = len(samples), first.aux.shape[-1], first.final.shape[-1]  # type: ignore[union-attr]
+    quantized = first.aux_scale is not None and first.final_scale is not None
     input_ids = torch.zeros(B, T, dtype=torch.long)
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
     # Online states are already on the GPU: build the batch where they are.
-    aux = torch.zeros(B, T, aux_w, dtype=samples[0].aux.dtype, device=samples[0].aux.device)
-    final = torch.zeros(B, T, h, dtype=samples[0].aux.dtype, device=samples[0].aux.device)
+    aux = torch.zeros(B, T, aux_w, dtype=first.aux.dtype, device=first.aux.device)
+    final = torch.zeros(B, T, h, dtype=first.final.dtype, device=first.aux.device)  # type: ignore[union-attr]
+    aux_scale = torch.zeros(B, T, first.aux_scale.shape[-1]) if quantized else None  # type: ignore[union-attr]
+    final_scale = torch.zeros(B, T, 1) if quantized else None
     for i, s in enumerate(samples):
         n = min(T, len(s))
         input_ids[i, :n] = s.input_ids[:n]
         loss_mask[i, :n] = s.loss_mask[:n]
         aux[i, :n] = s.aux[:n]
         final[i, :n] = s.final[:n]  # type: ignore[index]
-    return Batch(list(ids), input_ids, loss_mask, aux, final)
+        if aux_scale is not None and final_scale is not None:
+            aux_scale[i, :n] = s.aux_scale[:n]  # type: ignore[index]
+            final_scale[i, :n] = s.final_scale[:n]  # type: ignore[index]
+    return Batch(list(ids), input_ids, loss_mask, aux, final, aux_scale, final_scale)
+
+
+class Prefetcher:
+    """Loads the micro-batches of the next steps on a thread while the current step runs.
+
+    The step order is fixed in advance (`epoch_batches`), so what is read ahead is exactly what
+    the loop asks for next; a resumed run starts its read-ahead from its checkpoint's step.
+    Reading and padding a step's samples is CPU and disk work that releases the GIL for the
+    most part, and for a small draft it took as long as the step itself.
+    """
+
+    def __init__(self, load: Callable[[int], list[Batch]], total_steps: int, depth: int = 2) -> None:
+        self._load = load
+        self._total = total_steps
+        self._depth = depth
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if depth > 0 else None
+        self._ahead: dict[int, Future[list[Batch]]] = {}
+
+    def get(self, step: int) -> list[Batch]:
+        """Return step `step`'s loaded micro-batches, and start reading the steps after it."""
+        future = self._ahead.pop(step, None)
+        loaded = future.result() if future is not None else self._load(step)
+        if self._pool is not None:
+            for ahead in range(step + 1, min(step + 1 + self._depth, self._total)):
+                if ahead not in self._ahead:
+                    self._ahead[ahead] = self._pool.submit(self._load, ahead)
+        return loaded
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._ahead.values():
+                future.cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def split_eval(ids: Sequence[str], fraction: float, max_eval: int | None = None) -> tuple[list[str], list[str]]:
@@ -503,7 +559,9 @@ def train(
     use_bf16 = cfg.bf16 if cfg.bf16 is not None else device.type == "cuda"
     data_dtype = torch.bfloat16 if use_bf16 else torch.float32
 
-    store = OnlineStates.open(cfg.target, cfg.data, device=device) if cfg.online else HiddenStateStore.open(cfg.data)
+    # fp8 stores are read as stored and dequantised on the training device (Batch.to)
+    store = (OnlineStates.open(cfg.target, cfg.data, device=device) if cfg.online
+             else HiddenStateStore.open(cfg.data, dequantize=False))
     target_cfg = read_target_config(cfg.target)
     head = TargetHead.from_pretrained(cfg.target, dtype=data_dtype, device=device)
     _check_inputs(store.meta, target_cfg, head, store)
@@ -511,7 +569,7 @@ def train(
     eval_store = store
     if cfg.eval_data:
         # Held-out prompts captured into their own store: every sample of --data trains.
-        eval_store = HiddenStateStore.open(cfg.eval_data)
+        eval_store = HiddenStateStore.open(cfg.eval_data, dequantize=False)
         _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
         train_ids = sorted(store.ids())
         eval_ids = sorted(eval_store.ids())[: cfg.eval_max_samples]
@@ -628,54 +686,66 @@ def train(
     t_log = time.perf_counter()
     grad_norms: list[float] = []
     draft.train()
-    while step < total_steps:
-        epoch, index = divmod(step, batches_per_epoch)
-        if epoch_cache[0] != epoch:
-            epoch_cache = (epoch, epoch_batches(train_ids, lengths, cfg.global_batch_size, cfg.bucket_batches,
-                                                cfg.seed, epoch))
-        local = epoch_cache[1][index][rank::world]
+    epoch_lock = threading.Lock()
+
+    def load_step(at_step: int) -> list[Batch]:
+        nonlocal epoch_cache
+        epoch, index = divmod(at_step, batches_per_epoch)
+        with epoch_lock:
+            if epoch_cache[0] != epoch:
+                epoch_cache = (epoch, epoch_batches(train_ids, lengths, cfg.global_batch_size, cfg.bucket_batches,
+                                                    cfg.seed, epoch))
+            local = epoch_cache[1][index][rank::world]
         micro = [local[i : i + cfg.micro_batch_size] for i in range(0, len(local), cfg.micro_batch_size)]
-        loaded = [load_batch(store, ids, cfg.max_length) for ids in micro]
-        # every rank divides by the same global count of loss positions per TTT step
-        counts = all_reduce_sum(sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in loaded).to(device))
-        step_scale = (weights.to(device) / counts.clamp(min=1) * world).float()
-        optimizer.zero_grad(set_to_none=True)
-        for i, cpu_batch in enumerate(loaded):
-            batch = cpu_batch.to(device, data_dtype)
-            sig = target_signals(batch, head, draft.draft_ids(), draft.t2d)
-            sync = i == len(loaded) - 1 or not dist_info.enabled
-            ctx = nullcontext() if sync else objective.no_sync()  # type: ignore[operator]
-            with ctx:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    loss, sums = objective(batch.input_ids, batch.aux, *sig.tensors(), step_scale, cfg.ttt_steps)
-                loss.backward()
-            pending += sums.cpu()
-            pending_tokens += int(cpu_batch.loss_mask.shape[0] * cpu_batch.loss_mask.shape[1])
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        session_steps += 1
-        if step % cfg.log_every == 0 or step == total_steps:
-            totals = all_reduce_sum(pending.to(device)).cpu()
-            tokens = int(all_reduce_sum(torch.tensor([pending_tokens], device=device)).item())
-            elapsed = time.perf_counter() - t_log
-            last_train = {
-                "split": "train", "step": step, "epoch": round(step / batches_per_epoch, 4),
-                "lr": scheduler.get_last_lr()[0], **summarize(totals, cfg.step_weight),
-                "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": tokens,
-                "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "total_steps": total_steps,
-            }
-            emit(last_train)
-            pending.zero_()
-            pending_tokens, grad_norms, t_log = 0, [], time.perf_counter()
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
-            last_eval = run_eval(step)
-        if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
-            save(step)
-            last_saved = step
-        if stop_after_steps is not None and session_steps >= stop_after_steps and step < total_steps:
-            break
+        return [load_batch(store, ids, cfg.max_length) for ids in micro]
+
+    # Online states run the target on the GPU: read those in the loop, not on a second thread.
+    prefetch = Prefetcher(load_step, total_steps, depth=0 if cfg.online else 2)
+    try:
+        while step < total_steps:
+            loaded = prefetch.get(step)
+            # every rank divides by the same global count of loss positions per TTT step
+            counts = all_reduce_sum(sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in loaded).to(device))
+            step_scale = (weights.to(device) / counts.clamp(min=1) * world).float()
+            optimizer.zero_grad(set_to_none=True)
+            for i, cpu_batch in enumerate(loaded):
+                batch = cpu_batch.to(device, data_dtype)
+                sig = target_signals(batch, head, draft.draft_ids(), draft.t2d)
+                sync = i == len(loaded) - 1 or not dist_info.enabled
+                ctx = nullcontext() if sync else objective.no_sync()  # type: ignore[operator]
+                with ctx:
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                        loss, sums = objective(batch.input_ids, batch.aux, *sig.tensors(), step_scale, cfg.ttt_steps)
+                    loss.backward()
+                pending += sums.cpu()
+                pending_tokens += int(cpu_batch.loss_mask.shape[0] * cpu_batch.loss_mask.shape[1])
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            session_steps += 1
+            if step % cfg.log_every == 0 or step == total_steps:
+                totals = all_reduce_sum(pending.to(device)).cpu()
+                tokens = int(all_reduce_sum(torch.tensor([pending_tokens], device=device)).item())
+                elapsed = time.perf_counter() - t_log
+                last_train = {
+                    "split": "train", "step": step, "epoch": round(step / batches_per_epoch, 4),
+                    "lr": scheduler.get_last_lr()[0], **summarize(totals, cfg.step_weight),
+                    "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": tokens,
+                    "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "total_steps": total_steps,
+                }
+                emit(last_train)
+                pending.zero_()
+                pending_tokens, grad_norms, t_log = 0, [], time.perf_counter()
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
+                last_eval = run_eval(step)
+            if cfg.save_every and step % cfg.save_every == 0 and step < total_steps:
+                save(step)
+                last_saved = step
+            if stop_after_steps is not None and session_steps >= stop_after_steps and step < total_steps:
+                break
+    finally:
+        prefetch.close()
     if step == total_steps:
         last_eval = run_eval(step) or last_eval
     path = save(step) if last_saved != step else run_dir / "checkpoints" / f"step-{step:07d}"

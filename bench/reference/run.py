@@ -82,8 +82,13 @@ class Timer:
         return _Stage()
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every stage; return the results (figures, per-pool curve, stage timings)."""
+def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
+    """Run every stage; return the results (figures, per-pool curve, stage timings).
+
+    `save(results)` is called after each stage and each draft, so that a run cut off by a time
+    limit still leaves every figure it finished.
+    """
+    save = save or (lambda _results: None)
     w = Path(args.workdir)
     w.mkdir(parents=True, exist_ok=True)
     device = args.device
@@ -92,11 +97,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     with timer("target"):
         results["target"] = build_reference_target(
-            w / "target", seconds=args.target_seconds, source_bytes=args.source_bytes, vocab_size=args.vocab,
+            w / "target", seconds=args.target_seconds, steps=args.target_steps, source_bytes=args.source_bytes, vocab_size=args.vocab,
             hidden_size=args.hidden, num_layers=args.layers, prefix_tokens=args.prefix_tokens,
             cont_tokens=args.cont_tokens, batch_size=args.target_batch, device=device,
         )
     print(json.dumps(results["target"]), flush=True)
+    save(results)
 
     with timer("prompts"):
         from transformers import AutoTokenizer
@@ -131,12 +137,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             capture[f"{name}-{dtype}"] = {"tokens": stats.tokens, "tokens_per_s": round(stats.tokens_per_s),
                                          "bytes": HiddenStateStore.open(w / f"states-{name}-{dtype}").disk_bytes()}
     results["hidden_states"] = capture
+    results["stages_s"] = timer.stages
+    save(results)
 
-    target, tokenizer = load_target(w / "target", device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    # The target verifies in float32: in bf16, batched verification and one-token greedy decoding
+    # of a sharp target differ by more than a tenth of a logit, and the greedy check then fails.
+    target, tokenizer = load_target(w / "target", device=device, dtype=torch.float32)
     eval_prompts = [EvalPrompt(id=f"heldout-{i}", messages=[{"role": "user", "content": p}], category="code")
                     for i, p in enumerate(held[: args.eval_prompts])]
     runs = [(n, "bf16") for n in pools] + ([(pools[-1], "fp8")] if args.fp8 else [])
-    curve = []
+    curve: list[dict[str, Any]] = []
+    results["curve"] = curve
     for n, dtype in runs:
         tag = f"{n}-{dtype}"
         cfg = TrainConfig(
@@ -159,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         draft = draft.to(torch.bfloat16 if device == "cuda" else torch.float32)
         with timer(f"eval-{tag}"):
             report = evaluate(target, tokenizer, DraftProposer(draft), eval_prompts, steps=args.eval_steps,
-                              max_new_tokens=args.eval_new_tokens, tie_margin=0.1 if device == "cuda" else 1e-4)
+                              max_new_tokens=args.eval_new_tokens, tie_margin=1e-2 if device == "cuda" else 1e-4)
         row = {
             "pool": n, "dtype": dtype, "train_steps": result.step,
             "train_tokens_per_s": result.train.get("tokens_per_s"),
@@ -171,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         curve.append(row)
         print(json.dumps(row), flush=True)
-    results["curve"] = curve
+        save(results)
     results["stages_s"] = timer.stages
     return results
 
@@ -183,11 +194,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="toy sizes for a CPU smoke run")
     p.add_argument("--target-seconds", type=float, default=150.0)
+    p.add_argument("--target-steps", type=int, default=None,
+                   help="train the target this many steps instead of for --target-seconds: a later run, split off "
+                        "from a first one, rebuilds the same target (same seed, same steps)")
     p.add_argument("--source-bytes", type=int, default=60_000_000)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--target-batch", type=int, default=64)
+    p.add_argument("--target-batch", type=int, default=128)
     p.add_argument("--prefix-tokens", type=int, default=128)
     p.add_argument("--cont-tokens", type=int, default=128)
     p.add_argument("--pools", default="500,2000,8000")
@@ -210,14 +224,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    t0 = time.perf_counter()
-    results = run(args)
-    results["total_s"] = round(time.perf_counter() - t0, 1)
-    results["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     import transformers
 
-    results["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    env = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": sys.version.split()[0]},
+    }
+
+    def save(partial: dict[str, Any]) -> None:
+        if args.out:
+            tmp = Path(args.out).with_suffix(".tmp")
+            tmp.write_text(json.dumps({**partial, **env, "partial": True, "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
+            tmp.replace(args.out)
+
+    results = run(args, save)
+    results["total_s"] = round(time.perf_counter() - t0, 1)
+    results.update(env)
     print(f"{'pool':>6} {'dtype':>5} {'offline AL':>10} {'measured AL':>11}")
     for row in results["curve"]:
         print(f"{row['pool']:>6} {row['dtype']:>5} {row['offline_accept_length']:>10.3f} {row['measured_accept_length']:>11.3f}")

@@ -108,6 +108,7 @@ def build_reference_target(
     out_dir: str | Path,
     *,
     seconds: float = 150.0,
+    steps: int | None = None,
     source_bytes: int = 60_000_000,
     vocab_size: int = 8192,
     hidden_size: int = 512,
@@ -144,11 +145,19 @@ def build_reference_target(
     pairs = code_windows(tokenizer, split.train, prefix_tokens, cont_tokens, n=200_000, seed=seed)
     rows = chat_rows(tokenizer, pairs, seq_len)
     t1 = time.perf_counter()
-    # The cosine schedule is sized by the steps a few timed warm-up steps say will fit.
-    est_steps = _estimate_steps(model, rows, batch_size, seconds, device)
-    losses = train_causal_lm(model, rows, steps=est_steps, batch_size=batch_size, lr=lr, seed=seed, device=device, time_budget_s=seconds)
+    if steps is None:
+        # The cosine schedule is sized by the steps a few timed warm-up steps say will fit.
+        est_steps = _estimate_steps(model, rows, batch_size, seconds, device)
+        losses = train_causal_lm(model, rows, steps=est_steps, batch_size=batch_size, lr=lr, seed=seed, device=device,
+                                 time_budget_s=seconds)
+    else:
+        # A fixed step count (no clock): a second run rebuilds the same target from the same seed.
+        losses = train_causal_lm(model, rows, steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device)
     train_s = time.perf_counter() - t1
     save_target(model.to(torch.bfloat16), tokenizer, out_dir)
+    digest = hashlib.sha256()
+    for _name, p in sorted(model.state_dict().items()):
+        digest.update(p.detach().float().cpu().numpy().tobytes())
     return {
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "source_files": len(split.train) + len(split.pool) + len(split.heldout),
@@ -157,6 +166,8 @@ def build_reference_target(
         "train_steps": len(losses),
         "train_tokens_per_s": len(losses) * batch_size * seq_len / train_s,
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        # two runs with the same --target-steps and seed made the same target when these agree
+        "weights_sha256": digest.hexdigest()[:16],
     }
 
 
