@@ -120,7 +120,7 @@ def run_bench(
         meta = StoreMeta(target="random-llama", hidden_size=hidden, num_layers=layers, vocab_size=vocab,
                          aux_layer_ids=aux_ids, dtype=dtype, has_final=True)
         forward_s = copy_s = put_s = 0.0
-        copier = HostCopier(dev)
+        copier = HostCopier()
         start = time.perf_counter()
         with StoreWriter(store, meta, writer_id="bench", flush_workers=flush_workers) as writer:
             bg = BackgroundWriter(writer)

@@ -294,7 +294,7 @@ def test_async_host_copy_matches_a_plain_copy(dtype: str) -> None:
     aux = torch.randn(2, 16, 3 * 32, device="cuda", generator=g, dtype=torch.bfloat16)
     final = torch.randn(2, 16, 32, device="cuda", generator=g, dtype=torch.bfloat16)
     meta = StoreMeta(target="t", hidden_size=32, num_layers=8, vocab_size=100, aux_layer_ids=[1, 3, 5], dtype=dtype)
-    host = HostCopier(torch.device("cuda"))(CapturedStates(aux, final), meta)
+    host = HostCopier()(CapturedStates(aux, final), meta)
     assert host.aux.is_pinned() and host.ready is not None
     host.wait()
     if dtype == "bf16":

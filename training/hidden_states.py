@@ -337,7 +337,7 @@ def extract(
     flush_workers = 3 if device.type == "cuda" else 0
     with StoreWriter(out_dir, meta, shard_max_bytes=shard_max_bytes, writer_id=f"r{rank}", flush_workers=flush_workers) as writer:
         bg = BackgroundWriter(writer)
-        copier = HostCopier(device)
+        copier = HostCopier()
         try:
             samples = prepare_samples(
                 records, tokenizer, stats, done=writer.done_ids(), max_len=max_len, rank=rank, world_size=world_size
@@ -412,16 +412,15 @@ class HostCopier:
     writer thread waits on the copy's event (`HostStates.wait`) before it touches the bytes.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+    def __init__(self) -> None:
+        # One side stream per GPU: with device_map the states come off the model's last GPU.
+        self._streams: dict[int, torch.cuda.Stream] = {}
 
-    def _copy(self, t: torch.Tensor) -> torch.Tensor:
-        if not self.cuda:
-            return t.to("cpu")
+    @staticmethod
+    def _copy(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         host.copy_(t, non_blocking=True)
-        t.record_stream(self.stream)  # keep the GPU block alive until the copy has read it
+        t.record_stream(stream)  # keep the GPU block alive until the copy has read it
         return host
 
     def __call__(self, states: CapturedStates, meta: StoreMeta) -> HostStates:
@@ -436,20 +435,24 @@ class HostCopier:
             if states.final is not None:
                 fq, fscale = quantize_fp8(states.final.reshape(B * T, -1), 1)
                 parts.update(final=fq.reshape(B, T, -1), final_scale=fscale.reshape(B, T, 1))
-        if not self.cuda:
+        device = states.aux.device
+        if device.type != "cuda":
             return HostStates(**{k: (v.to("cpu") if v is not None else None) for k, v in parts.items()})
-        assert self.stream is not None
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            host = {k: (self._copy(v) if v is not None else None) for k, v in parts.items()}
-            event = torch.cuda.Event()
-            event.record(self.stream)
+        with torch.cuda.device(device):
+            stream = self._streams.get(device.index)
+            if stream is None:
+                stream = self._streams[device.index] = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                host = {k: (self._copy(v, stream) if v is not None else None) for k, v in parts.items()}
+                event = torch.cuda.Event()
+                event.record(stream)
         return HostStates(**host, ready=event)
 
 
 def to_host(states: CapturedStates, meta: StoreMeta) -> HostStates:
     """Return the batch copied to the host (synchronously), as the store keeps it."""
-    host = HostCopier(states.aux.device)(states, meta)
+    host = HostCopier()(states, meta)
     host.wait()
     return host
 

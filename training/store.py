@@ -20,7 +20,8 @@ An index entry is {"shard", "offset", "length", "category"}: the sample's rows a
 
 fp8 is float8_e4m3fn with one float32 scale per token and captured layer (each H-wide row is scaled
 by its own absmax / 448; layers differ in magnitude by orders, so one scale across the three would
-waste the low layer's precision). Samples are dequantised to bf16 on read.
+waste the low layer's precision). Samples are dequantised to bf16 on read, or handed over as stored
+(`HiddenStateStore.open(..., dequantize=False)`) for the trainer to dequantise on its GPU.
 
 Writes are crash-safe: a shard is written under a temporary name and renamed, then the writer's
 index part is rewritten the same way. A crash between the two leaves an unindexed shard, whose
