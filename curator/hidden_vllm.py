@@ -94,8 +94,8 @@ def layer_explanation(meta: StoreMeta) -> str:
     n = meta.num_layers
     ids = meta.aux_layer_ids
     lines = [
-        f"Layer ids use SGLang's convention, which vLLM shares: id L is the input of decoder layer L "
-        f"(= output of layer L-1 = transformers' hidden_states[L]).",
+        "Layer ids use SGLang's convention, which vLLM shares: id L is the input of decoder layer L "
+        "(= output of layer L-1 = transformers' hidden_states[L]).",
         f"Aux layers {ids} are the ones an EAGLE-3 draft is served with "
         f"(eagle_config.eagle_aux_hidden_state_layer_ids); SpecForge numbers them {[i - 1 for i in ids]}.",
     ]

@@ -450,13 +450,6 @@ class HostCopier:
         return HostStates(**host, ready=event)
 
 
-def to_host(states: CapturedStates, meta: StoreMeta) -> HostStates:
-    """Return the batch copied to the host (synchronously), as the store keeps it."""
-    host = HostCopier()(states, meta)
-    host.wait()
-    return host
-
-
 def sample_finite(states: CapturedStates, lengths: list[int]) -> list[bool]:
     """Return, per sample of a batch, whether its states (up to its length) are all finite.
 

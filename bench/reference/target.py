@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 import sysconfig
 import time
 from dataclasses import dataclass
