@@ -244,3 +244,24 @@ def test_store_reads_from_several_threads_agree(tmp_path: Path) -> None:
         got = list(pool.map(lambda sid: store[sid], store_ids))
     for sid, s in zip(store_ids, got):
         assert s.id == sid and torch.equal(s.aux, sample(int(sid[1:])).aux)
+
+
+def test_fp8_samples_are_refused_by_a_bf16_store_and_scales_must_fit(tmp_path: Path) -> None:
+    s = sample(1, length=4)
+    q, scale = quantize_fp8(s.aux, 3)
+    fq, fscale = quantize_fp8(s.final, 1)
+    fp8_sample = HiddenStateSample("q", s.input_ids, s.loss_mask, q, fq, aux_scale=scale, final_scale=fscale)
+    with StoreWriter(tmp_path / "bf16", meta("bf16")) as w:
+        with pytest.raises(StoreError, match="fp8 values with scales"):
+            w.add(fp8_sample)
+    with StoreWriter(tmp_path / "fp8", meta("fp8")) as w:
+        with pytest.raises(StoreError, match="aux_scale"):
+            w.add(HiddenStateSample("q", s.input_ids, s.loss_mask, q, fq, aux_scale=scale[:, :2], final_scale=fscale))
+        assert w.add(fp8_sample)
+    assert torch.allclose(HiddenStateStore.open(tmp_path / "fp8")["q"].aux.float(), s.aux.float(), rtol=0.07, atol=1e-2)
+
+
+def test_fp8_quantisation_of_zero_tokens() -> None:
+    q, scale = quantize_fp8(torch.zeros(0, 3 * H), 3)
+    assert q.shape == (0, 3 * H) and scale.shape == (0, 3)
+    assert dequantize_fp8(q, scale).shape == (0, 3 * H)

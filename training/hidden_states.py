@@ -376,6 +376,10 @@ def extract(
                         on_batch(len(items), sum(len(s.input_ids) for s in items))
         finally:
             bg.close()
+            # The pinned buffers stay cached (rounded up to powers of two) after the run: give
+            # them back, as a process that goes on to train wants that memory.
+            if device.type == "cuda" and hasattr(torch._C, "_host_emptyCache"):
+                torch._C._host_emptyCache()
         stats.stored = bg.stored
         stats.nonfinite = writer.skipped_nonfinite
         stats.bytes_written = writer.bytes_written
@@ -445,7 +449,9 @@ class HostCopier:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 host = {k: (self._copy(v, stream) if v is not None else None) for k, v in parts.items()}
-                event = torch.cuda.Event()
+                # blocking: the writer thread sleeps on it instead of spinning a core the
+                # shard threads need
+                event = torch.cuda.Event(blocking=True)
                 event.record(stream)
         return HostStates(**host, ready=event)
 

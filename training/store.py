@@ -157,11 +157,11 @@ class HiddenStateSample:
 def quantize_fp8(x: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (fp8 values [T, n_rows*H], float32 scales [T, n_rows]) for x [T, n_rows*H]."""
     t = x.shape[0]
-    rows = x.float().reshape(t, n_rows, -1)
+    rows = x.float().reshape(t, n_rows, x.shape[-1] // n_rows)
     amax = rows.abs().amax(dim=-1)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (rows / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(t, -1), scale
+    return q.reshape(t, x.shape[-1]), scale
 
 
 def _fp8(x: torch.Tensor, scale: torch.Tensor | None, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +177,7 @@ def _fp8(x: torch.Tensor, scale: torch.Tensor | None, n_rows: int) -> tuple[torc
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Return values [..., n_rows*H] from fp8 values and their per-row float32 scales [..., n_rows]."""
-    rows = q.float().reshape(*scale.shape, -1) * scale.float().unsqueeze(-1)
+    rows = q.float().reshape(*scale.shape, q.shape[-1] // scale.shape[-1]) * scale.float().unsqueeze(-1)
     return rows.reshape(q.shape).to(dtype)
 
 
@@ -337,6 +337,15 @@ class StoreWriter:
             )
         if self.meta.has_final and (s.final is None or tuple(s.final.shape) != (t, self.meta.hidden_size)):
             raise StoreError(f"sample {s.id!r}: the store keeps the final hidden state [T, H] but the sample has none")
+        quantized = s.aux_scale is not None or s.final_scale is not None
+        if quantized and self.meta.dtype != "fp8":
+            # a bf16 store would keep the fp8 values and drop their scales: wrong numbers, silently
+            raise StoreError(f"sample {s.id!r} holds fp8 values with scales; this store keeps {self.meta.dtype}")
+        if s.aux_scale is not None and tuple(s.aux_scale.shape) != (t, len(self.meta.aux_layer_ids)):
+            raise StoreError(f"sample {s.id!r}: aux_scale {tuple(s.aux_scale.shape)} should be "
+                             f"[{t}, {len(self.meta.aux_layer_ids)}] (a scale per token per layer)")
+        if s.final_scale is not None and tuple(s.final_scale.shape) != (t, 1):
+            raise StoreError(f"sample {s.id!r}: final_scale {tuple(s.final_scale.shape)} should be [{t}, 1]")
 
     def flush(self) -> None:
         """Write the buffered samples as one shard, then the index part; both atomically."""

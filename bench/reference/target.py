@@ -142,7 +142,8 @@ def build_reference_target(
     model = LlamaForCausalLM(config)
     seq_len = prefix_tokens + cont_tokens + 8
     pairs = code_windows(tokenizer, split.train, prefix_tokens, cont_tokens, n=200_000, seed=seed)
-    rows = chat_rows(tokenizer, pairs, seq_len)
+    # on the device before the step estimate times anything: the copy is not a training step
+    rows = chat_rows(tokenizer, pairs, seq_len).to(device)
     t1 = time.perf_counter()
     if steps is None:
         # The cosine schedule is sized by the steps a few timed warm-up steps say will fit.
