@@ -12,6 +12,7 @@ with a message that names it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,23 @@ def _now() -> datetime:
 def resolve_path(path: str | os.PathLike[str] | None) -> Path:
     """Return the catalog path: the argument, else $CURATOR_CATALOG, else ./catalog.duckdb."""
     return Path(path or os.environ.get(ENV_VAR) or DEFAULT_PATH)
+
+
+@dataclass(frozen=True)
+class AgentAccount:
+    """One agent's row of `scout_agents`, in the table's column order."""
+
+    run_id: str
+    agent: str
+    category: str
+    turns: int
+    input_tokens: int
+    output_tokens: int
+    candidates: int
+    errors: int
+    state: str
+    wall_s: float
+    error: str | None = None
 
 
 class Catalog:
@@ -428,25 +447,12 @@ class Catalog:
                 [status, input_tokens, output_tokens, errors, _now(), wall_s, run_id],
             )
 
-    def record_agent(
-        self,
-        run_id: str,
-        agent: str,
-        category: str,
-        turns: int,
-        input_tokens: int,
-        output_tokens: int,
-        candidates: int,
-        errors: int,
-        state: str,
-        wall_s: float,
-        error: str | None = None,
-    ) -> None:
+    def record_agent(self, row: AgentAccount) -> None:
         """Insert or update one agent's accounting within a scout run."""
         with self.connect() as con:
             con.execute(
                 "INSERT OR REPLACE INTO scout_agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [run_id, agent, category, turns, input_tokens, output_tokens, candidates, errors, state, wall_s, error],
+                list(dataclasses.astuple(row)),
             )
 
     def log_tool_call(

@@ -35,6 +35,13 @@ class AgentBudget:
     max_tokens: int = 300_000
 
 
+def elapsed(started: float | None, ended: float | None) -> float:
+    """Return perf_counter seconds from `started` to `ended` (to now while running; 0 before the start)."""
+    if started is None:
+        return 0.0
+    return (ended or time.perf_counter()) - started
+
+
 @dataclass
 class AgentProgress:
     """One agent's live state: shown in the display, then written to `scout_agents`.
@@ -86,9 +93,7 @@ class AgentProgress:
     @property
     def wall_s(self) -> float:
         """Return seconds from start to end (or to now while running)."""
-        if self.started is None:
-            return 0.0
-        return (self.ended or time.perf_counter()) - self.started
+        return elapsed(self.started, self.ended)
 
     @property
     def errors(self) -> int:

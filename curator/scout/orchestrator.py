@@ -19,7 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from curator.catalog import Catalog
+from curator.catalog import AgentAccount, Catalog
 from curator.errors import CuratorError
 from curator.hub import HubClient
 from curator.llm import LLMClient
@@ -30,6 +30,7 @@ from curator.scout.agent import (
     RUNNING,
     AgentBudget,
     AgentProgress,
+    elapsed,
     run_agent,
 )
 from curator.scout.briefs import Brief
@@ -102,9 +103,7 @@ class ScoutRun:
     @property
     def wall_s(self) -> float:
         """Return the run's wall time so far (or in total once ended)."""
-        if self.started is None:
-            return 0.0
-        return (self.ended or time.perf_counter()) - self.started
+        return elapsed(self.started, self.ended)
 
     @property
     def input_tokens(self) -> int:
@@ -198,11 +197,11 @@ class ScoutRun:
                 await self._run_rules(brief, toolbox, progress)
         finally:
             # the row goes into the writer's queue even when this agent is being cancelled
-            await sink.agent(
+            await sink.agent(AgentAccount(
                 self.run_id, progress.agent, progress.category, progress.turn, progress.input_tokens,
                 progress.output_tokens, progress.candidates, progress.errors, progress.state,
                 round(progress.wall_s, 3), progress.error,
-            )
+            ))
 
     async def _run_rules(self, brief: Brief, toolbox: AgentToolbox, progress: AgentProgress) -> None:
         if self.rules_agent is None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from curator.catalog import Catalog
+from curator.catalog import AgentAccount, Catalog
 from curator.errors import CuratorError
 
 T = TypeVar("T")
@@ -125,23 +125,9 @@ class CatalogSink:
         self._datasets_seen.add(key)
         self._put(_Job("dataset", dict(info)))
 
-    async def agent(
-        self,
-        run_id: str,
-        agent: str,
-        category: str,
-        turns: int,
-        input_tokens: int,
-        output_tokens: int,
-        candidates: int,
-        errors: int,
-        state: str,
-        wall_s: float,
-        error: str | None = None,
-    ) -> None:
+    async def agent(self, row: AgentAccount) -> None:
         """Enqueue one agent's accounting row (`scout_agents`; insert or replace)."""
-        args = (run_id, agent, category, turns, input_tokens, output_tokens, candidates, errors, state, wall_s, error)
-        self._put(_Job("agent", args))
+        self._put(_Job("agent", row))
 
     async def call(self, fn: Callable[[Catalog], T]) -> T:
         """Run `fn(catalog)` on the writer, after everything enqueued before; return its result."""
@@ -211,7 +197,7 @@ class CatalogSink:
                 if job.kind == "dataset":
                     outcomes[i] = self._run("dataset", lambda c, info=job.payload: c.upsert_dataset(info))
                 elif job.kind == "agent":
-                    outcomes[i] = self._run("agent", lambda c, a=job.payload: c.record_agent(*a))
+                    outcomes[i] = self._run("agent", lambda c, a=job.payload: c.record_agent(a))
                 else:
                     outcomes[i] = self._run("call", job.payload, report=job.future is None)
                 i += 1
