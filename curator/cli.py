@@ -24,32 +24,50 @@ _ABORTS = (click.exceptions.Abort, typer.Abort, KeyboardInterrupt)
 
 DEBUG_ENV = "CURATOR_DEBUG"
 
-app = typer.Typer(
-    name="curator",
-    help="Find, curate and regenerate training data for EAGLE-3 draft models; train, export and check them.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+# Each command name, and the module under curator/commands/ whose `register(app)` adds it. A run
+# imports only its command's module: `curator sql` must not pay seconds for torch and
+# transformers, which the model-side stages import. `--help` (or an unknown name) imports all.
+COMMANDS = {
+    "sql": "catalog", "catalog": "catalog", "scout": "scout", "hub": "scout", "build-mix": "mix",
+    "generate": "generate", "plan": "hidden_states", "hidden-states": "hidden_states", "train": "train",
+    "export": "train", "eval": "evaluate", "doctor": "evaluate", "demo": "demo",
+}
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
-# One module per stage under curator/commands/, each with `register(app)`. A stage whose module
-# is not there yet is simply not offered, so `--help` lists only commands that exist.
-COMMAND_MODULES = ("catalog", "scout", "mix", "generate", "hidden_states", "train", "evaluate", "demo")
 
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"curator.commands.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"curator.commands.{_name}":
-            raise
-        continue
-    _module.register(app)
+def build_app(argv: list[str] | None = None) -> typer.Typer:
+    """Return the CLI app with the commands `argv` needs registered (every command when unsure)."""
+    app = typer.Typer(
+        name="curator",
+        help="Find, curate and regenerate training data for EAGLE-3 draft models; train, export and check them.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    @app.callback()
+    def _root() -> None:
+        """Find, curate and regenerate training data for EAGLE-3 draft models; train, export and check them."""
+        # A callback keeps the app a group of commands even when one module registers one command.
+
+    name = next((a for a in (argv or []) if not a.startswith("-")), None)
+    for module in [COMMANDS[name]] if name in COMMANDS else COMMAND_MODULES:
+        importlib.import_module(f"curator.commands.{module}").register(app)
+    return app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    # `from curator.cli import app`: the whole app, built on first use (tests drive it with CliRunner)
+    if name == "app":
+        return build_app()
+    raise AttributeError(name)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) its status."""
     try:
-        result = app(args=argv, standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        result = build_app(args)(args=args, prog_name="curator", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except (CuratorError, TrainingError) as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)

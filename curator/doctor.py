@@ -20,6 +20,7 @@ from typing import Any, Literal
 from safetensors import SafetensorError, safe_open
 
 from curator.errors import ConfigError
+from training.target_head import read_target_config
 
 Status = Literal["ok", "warn", "error"]
 
@@ -165,19 +166,6 @@ def read_draft(path: str | Path) -> DraftLayout:
     else:
         fmt = "unknown"
     return DraftLayout(path=root, fmt=fmt, config=config, shapes=shapes)
-
-
-def read_target_config(target: str | Path) -> dict[str, Any]:
-    """Return the text-model part of a local target's config.json (multimodal wrappers unwrapped)."""
-    path = Path(target) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path} not found: --model must be a local model directory") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc})") from None
-    # Kimi-K2.5 and other VLM wrappers keep the language model's sizes under text_config.
-    return dict(config.get("text_config") or config)
 
 
 def check_layout(layout: DraftLayout) -> list[Check]:

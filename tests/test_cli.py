@@ -57,3 +57,29 @@ def test_an_unexpected_failure_is_one_line_and_the_traceback_is_on_request(
     monkeypatch.setenv("CURATOR_DEBUG", "1")
     assert main(["sql", "SELECT 1"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_every_command_is_routed_to_the_module_that_registers_it() -> None:
+    import typer
+    from typer.main import get_command
+
+    from curator.cli import COMMANDS, build_app
+
+    assert set(get_command(build_app()).commands) == set(COMMANDS)
+    for name, module in COMMANDS.items():
+        # the app built for one command holds that command, whatever else its module registers
+        assert name in get_command(build_app([name, "--help"])).commands, (name, module)
+    assert isinstance(build_app(["demo"]), typer.Typer)
+
+
+def test_a_catalog_command_does_not_import_the_model_side(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from curator.cli import main; "
+        f"rc = main(['sql', 'select 42 AS answer', '--catalog', {str(tmp_path / 'c.duckdb')!r}]); "
+        "print('torch' in sys.modules, 'transformers' in sys.modules, rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False False 0"
