@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import re
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 import httpx
 
 from curator.errors import HubError
+from training.atomic import write_json
 
 VIEWER_URL_ENV = "CURATOR_VIEWER_URL"
 DEFAULT_VIEWER_URL = "https://datasets-server.huggingface.co"
@@ -629,25 +629,5 @@ async def build_snapshot(
         "datasets": {i: datasets[i] for i in ids if i in datasets},
     }
     path = Path(out)
-    write_json_atomic(path, payload)
+    write_json(path, payload, ensure_ascii=False, indent=1, default=str)
     return SnapshotSummary(path, len(payload["searches"]), len(payload["datasets"]), failed, time.perf_counter() - start)
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to `path` atomically (see write_text_atomic)."""
-    write_text_atomic(path, json.dumps(payload, ensure_ascii=False, indent=1, default=str))
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write text to `path` through a temp file in the same folder, then rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a recipe or snapshot is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from training.atomic import write_json
 from training.errors import StoreError
 from training.shard_file import write_parts
 
@@ -182,13 +183,8 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = to
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
-    """Write `data` as JSON to `path` through a temporary file in the same directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write `data` as compact JSON to `path` atomically."""
+    write_json(path, data, separators=(",", ":"))
 
 
 def _read_json(path: Path) -> Any:

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from training.atomic import write_text as _atomic_write_text
 from training.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from training.draft import DraftConfig, Eagle3Draft, TTTCache
 from training.errors import ModelMismatchError, StoreError, TrainingError
@@ -352,12 +353,6 @@ def offline_metrics(
 
 
 # -- checkpoints ------------------------------------------------------------------------------
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

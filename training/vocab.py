@@ -9,8 +9,6 @@ so d2t is non-negative and non-decreasing.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from training.atomic import write_json
 from training.errors import StoreError, TrainingError
 
 DEFAULT_DRAFT_VOCAB = 32000
@@ -72,11 +71,7 @@ class DraftVocab:
 
     def save(self, path: str | Path) -> Path:
         """Write vocab.json atomically; return its path."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-        tmp.write_text(json.dumps(self.to_json()), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_json(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> DraftVocab:

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import uuid
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -15,6 +12,7 @@ import typer
 from curator.doctor import DoctorReport, diagnose
 from curator.errors import ConfigError
 from curator.ui import console, progress, rows_table, stdout, summary_table
+from training.atomic import write_json
 
 STATUS_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "error": "[bold red]error[/]"}
 
@@ -75,13 +73,6 @@ def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
     return prompts, malformed
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def eval_command(
     model: Annotated[Path, typer.Option("--model", help="Local target model directory (transformers).")],
     draft: Annotated[Path, typer.Option("--draft", help="Exported draft directory (curator export).")],
@@ -129,7 +120,7 @@ def eval_command(
             report.offline = offline_estimate(drafter.float(), data, model, steps, eval_fraction=eval_fraction)
     render_eval(report, time.perf_counter() - start)
     if json_out is not None:
-        _write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **report.to_json()})
+        write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **report.to_json()})
         console.print(f"report written to {json_out}")
     return 0
 

@@ -24,22 +24,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from curator.errors import ConfigError
+from training import atomic
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 ERRORS_FILE = "errors.jsonl"
 META_FILE = "generation.json"
 LOCK_FILE = ".generate.lock"
-TMP_MARK = ".tmp-"
+TMP_MARK = atomic.TMP_MARK
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic.write_bytes(path, data)
     _fsync_dir(path.parent)
 
 

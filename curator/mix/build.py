@@ -28,6 +28,7 @@ from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, default
 from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
+from training.atomic import write_text
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -166,7 +167,7 @@ class _PartWriter:
         for stale in self.out_dir.glob("part-*.parquet"):
             if stale.name not in finals:
                 stale.unlink()
-        write_json_atomic(self.out_dir / MANIFEST, manifest)
+        write_text(self.out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
     def abort(self) -> None:
         for tmp, _, _ in self.parts:
@@ -206,13 +207,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file in the same folder and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def dedup_text(prompt: Conversation) -> str:

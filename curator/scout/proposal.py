@@ -23,7 +23,7 @@ import yaml
 
 from curator.catalog import Catalog
 from curator.errors import ConfigError
-from curator.hub import write_text_atomic
+from training.atomic import write_text
 from curator.scout.briefs import Brief
 
 GOAL_BOOST = 1.5
@@ -303,5 +303,5 @@ def write_proposal(proposal: Proposal, out: str | Path | None = None, recipes_di
     text = render_recipe(proposal)
     path = Path(out) if out is not None else Path(recipes_dir) / f"{proposal.name}.yaml"
     recipe_from_dict(yaml.safe_load(text), str(path))  # a proposal the mix builder would refuse is a bug here
-    write_text_atomic(path, text)
+    write_text(path, text)
     return path
