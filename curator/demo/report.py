@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from curator.ui import human_bytes
+from training.atomic import write_text
 
 
 @dataclass
@@ -147,10 +148,7 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
     for title, uri in plots(report).items():
         parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>")
     parts.append("</body></html>")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(parts))
-    os.replace(tmp, path)
-    return path
+    return write_text(path, "\n".join(parts))
 
 
 def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
