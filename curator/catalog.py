@@ -392,14 +392,15 @@ class Catalog:
         return self._review(candidate_id, "rejected", note=note)
 
     def _review(self, candidate_id: int, status: str, samples: int | None = None, note: str | None = None) -> dict[str, Any]:
-        self.candidate(candidate_id)  # a clear error for an unknown id
-        with self.connect() as con:
-            con.execute(
-                "UPDATE candidates SET status = ?, approved_samples = coalesce(?, approved_samples), "
-                "note = coalesce(?, note), reviewed_at = ? WHERE id = ?",
-                [status, samples, note, _now(), candidate_id],
-            )
-        return self.candidate(candidate_id)
+        with self.session():  # check, update and re-read on one open of the file
+            self.candidate(candidate_id)  # a clear error for an unknown id
+            with self.connect() as con:
+                con.execute(
+                    "UPDATE candidates SET status = ?, approved_samples = coalesce(?, approved_samples), "
+                    "note = coalesce(?, note), reviewed_at = ? WHERE id = ?",
+                    [status, samples, note, _now(), candidate_id],
+                )
+            return self.candidate(candidate_id)
 
     def approved_candidates(self) -> list[dict[str, Any]]:
         """Return one entry per approved dataset: dataset_id, category, samples, license, ...
@@ -454,21 +455,6 @@ class Catalog:
                 "INSERT OR REPLACE INTO scout_agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 list(dataclasses.astuple(row)),
             )
-
-    def log_tool_call(
-        self,
-        run_id: str,
-        agent: str,
-        turn: int,
-        tool: str,
-        arguments: dict[str, Any],
-        ok: bool,
-        result_summary: str,
-        error: str | None,
-        latency_ms: float,
-    ) -> None:
-        """Append one agent tool call to the audit log."""
-        self.log_tool_calls([(run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)])
 
     def log_tool_calls(self, calls: Sequence[tuple[Any, ...]]) -> None:
         """Append many tool calls in one transaction (the scout's single writer batches them)."""

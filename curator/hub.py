@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import httpx
 
 from curator.errors import HubError
+from curator.llm import parse_retry_after
 from training.atomic import write_json
 
 VIEWER_URL_ENV = "CURATOR_VIEWER_URL"
@@ -382,7 +383,8 @@ class LiveHub(HubClient):
                     except ValueError:
                         message = response.text[:200]
                     raise HubError(f"dataset viewer {path} answered HTTP {response.status_code}: {message}")
-                delay = _retry_after(response, delay)
+                asked = parse_retry_after(response.headers)
+                delay = delay if asked is None else min(max(asked, 0.0), 60.0)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 8.0)
         raise HubError(f"dataset viewer {path} kept failing")
@@ -420,14 +422,6 @@ def _network_errors() -> tuple[type[Exception], ...]:
 
 
 _NETWORK_ERRORS = _network_errors()
-
-
-def _retry_after(response: httpx.Response, default: float) -> float:
-    value = response.headers.get("Retry-After")
-    try:
-        return min(max(float(value), 0.0), 60.0) if value is not None else default
-    except ValueError:
-        return default
 
 
 def apply_viewer_splits(details: DatasetDetails, splits: dict[str, Any], size: dict[str, Any] | None) -> None:

@@ -83,12 +83,14 @@ def list_candidates(
 def show(candidate_id: int = typer.Argument(..., help="Candidate id."), catalog: Optional[Path] = CatalogOption) -> None:
     """Show one candidate with its dataset's metadata and every agent's rationale for it."""
     cat = Catalog.open(catalog)
-    row = cat.candidate(candidate_id)
+    with cat.session():  # one open of the file for both reads
+        row = cat.candidate(candidate_id)
+        columns, others = cat.query(
+            "SELECT id, agent, relevance, status, rationale FROM candidates WHERE dataset_id = ? AND id <> ? "
+            "ORDER BY relevance DESC",
+            [row["dataset_id"], candidate_id],
+        )
     stdout.print(summary_table(f"candidate {candidate_id}", [(k, _plain(v)) for k, v in row.items()]))
-    columns, others = cat.query(
-        "SELECT id, agent, relevance, status, rationale FROM candidates WHERE dataset_id = ? AND id <> ? ORDER BY relevance DESC",
-        [row["dataset_id"], candidate_id],
-    )
     if others:
         stdout.print(rows_table(columns, others, title=f"other findings of {row['dataset_id']}"))
 

@@ -16,7 +16,7 @@ from curator.errors import ConfigError, CuratorError
 from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
 from curator.llm import LLMClient, make_client
 from curator.scout.agent import AgentBudget
-from curator.scout.briefs import Brief, categories, load_briefs
+from curator.scout.briefs import Brief, categories, load_briefs, take
 from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
 from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
 from curator.ui import console, rows_table, summary_table
@@ -57,7 +57,7 @@ def scout(
 ) -> None:
     """Run research agents on the Hub, record their finds in the catalog and propose a recipe."""
     all_briefs = load_briefs(agents_dir)
-    chosen = load_briefs(agents_dir, limit=agents)
+    chosen = take(all_briefs, agents)
     if agents is not None and agents > len(all_briefs):
         raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
     # the model client first: a missing key should fail before anything touches the Hub or catalog

@@ -94,13 +94,6 @@ def scan_shards(out_dir: str | Path) -> ShardScan:
     return scan
 
 
-def iter_records(out_dir: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield every record of every finished shard, in shard order."""
-    scan = ShardScan()
-    for path in shard_paths(out_dir):
-        yield from _read_jsonl(path, scan)
-
-
 def _read_jsonl(path: Path, scan: ShardScan) -> Iterator[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
         for line in fh:

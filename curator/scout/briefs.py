@@ -136,11 +136,16 @@ def load_briefs(directory: str | Path | None = None, limit: int | None = None) -
             raise ConfigError(f"brief id {brief.id!r} is used by both {seen[brief.id]} and {brief.path}")
         seen[brief.id] = brief.path
     briefs.sort(key=lambda b: (-b.weight, b.id))
-    if limit is not None:
-        if limit < 1:
-            raise ConfigError(f"--agents must be at least 1, got {limit}")
-        briefs = briefs[:limit]
-    return briefs
+    return take(briefs, limit)
+
+
+def take(briefs: list[Brief], limit: int | None) -> list[Brief]:
+    """Return the first `limit` briefs (all when None), heaviest first as `load_briefs` orders them."""
+    if limit is None:
+        return briefs
+    if limit < 1:
+        raise ConfigError(f"--agents must be at least 1, got {limit}")
+    return briefs[:limit]
 
 
 def categories(briefs: list[Brief]) -> set[str]:
