@@ -176,20 +176,22 @@ class TransformersBackend:
         tok = self.tokenizer
         start = time.perf_counter()
         results: list[Completion | Exception | None] = [None] * len(conversations)
-        texts, index = [], []
-        for i, conv in enumerate(conversations):
-            text = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
-            n = len(tok(text, add_special_tokens=False)["input_ids"])
+        texts = [tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False) for conv in conversations]
+        # tokenised once: the lengths decide what fits, and the same ids are padded into the batch
+        all_ids = tok(texts, add_special_tokens=False)["input_ids"]
+        kept, index = [], []
+        for i, ids in enumerate(all_ids):
+            n = len(ids)
             if self._max_positions is not None and n >= self._max_positions:
                 results[i] = RequestError(
                     f"prompt has {n} tokens; the model's context is {self._max_positions}",
                     status=400, permanent=True, endpoint=self.name,
                 )
                 continue
-            texts.append(text)
+            kept.append(ids)
             index.append(i)
-        if texts:
-            enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt").to(self.device)
+        if kept:
+            enc = tok.pad({"input_ids": kept}, padding=True, return_tensors="pt").to(self.device)
             prompt_len = enc["input_ids"].shape[1]
             max_new = self.params.max_tokens
             if self._max_positions is not None:
