@@ -133,10 +133,8 @@ def run_bench(
                 host = copier(states, meta)  # fp8: quantised on the GPU; the copy runs on a side stream
                 f2 = time.perf_counter()
                 bg.put([
-                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), host.aux[b],
-                                      host.final[b], finite=finite[b],
-                                      aux_scale=host.aux_scale[b] if host.aux_scale is not None else None,
-                                      final_scale=host.final_scale[b] if host.final_scale is not None else None)
+                    HiddenStateSample(f"s{lo + b}", chunk[b], torch.ones(seq, dtype=torch.bool), finite=finite[b],
+                                      **host.rows(b, seq))
                     for b in range(len(chunk))
                 ], host)
                 f3 = time.perf_counter()

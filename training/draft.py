@@ -121,6 +121,7 @@ class DraftConfig:
             rope_scaling=scaling,
             max_position_embeddings=int(t.get("max_position_embeddings", 8192)),
             aux_layer_ids=[int(i) for i in aux_layer_ids],
+            num_aux_layers=len(aux_layer_ids) or 3,
         )
 
 

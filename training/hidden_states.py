@@ -42,6 +42,7 @@ from training.chat_tokens import (
     tokenize_record,
     tokenizer_sha256,
 )
+from training.distributed import init_distributed
 from training.errors import ModelMismatchError, TrainingError
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index, quantize_fp8
 
@@ -345,7 +346,7 @@ def extract(
             for chunk in _windows(samples, window):
                 for batch in length_batches([len(s.input_ids) for s in chunk], batch_tokens):
                     items = [chunk[i] for i in batch]
-                    ids, mask = _pad([s.input_ids for s in items], tokenizer.pad_token_id or 0)
+                    ids, mask = pad_batch([s.input_ids for s in items], tokenizer.pad_token_id or 0)
                     states = capture_batch(model, ids.to(device), mask.to(device), meta.aux_layer_ids, meta.has_final)
                     if states.aux.shape[-1] != n_aux * meta.hidden_size:
                         raise ModelMismatchError(
@@ -357,19 +358,8 @@ def extract(
                     out = []
                     for b, s in enumerate(items):
                         t = len(s.input_ids)
-                        out.append(
-                            HiddenStateSample(
-                                id=s.id,
-                                input_ids=s.input_ids,
-                                loss_mask=s.loss_mask,
-                                aux=host.aux[b, :t],
-                                final=host.final[b, :t] if host.final is not None else None,
-                                category=s.category,
-                                finite=finite[b],
-                                aux_scale=host.aux_scale[b, :t] if host.aux_scale is not None else None,
-                                final_scale=host.final_scale[b, :t] if host.final_scale is not None else None,
-                            )
-                        )
+                        out.append(HiddenStateSample(id=s.id, input_ids=s.input_ids, loss_mask=s.loss_mask,
+                                                     category=s.category, finite=finite[b], **host.rows(b, t)))
                         stats.loss_tokens += int(s.loss_mask.sum())
                     bg.put(out, host)
                     if on_batch is not None:
@@ -398,6 +388,12 @@ class HostStates:
     final_scale: torch.Tensor | None = None  # (B, T, 1)
     # Set when the copy from the GPU is still in flight: wait on it before reading the tensors.
     ready: Any = None
+
+    def rows(self, b: int, t: int) -> dict[str, torch.Tensor | None]:
+        """Return sample `b`'s first `t` tokens as HiddenStateSample fields (views: no copy)."""
+        return {name: (x[b, :t] if x is not None else None)
+                for name, x in (("aux", self.aux), ("final", self.final), ("aux_scale", self.aux_scale),
+                                ("final_scale", self.final_scale))}
 
     def wait(self) -> None:
         """Block until the tensors hold the copied values."""
@@ -480,7 +476,7 @@ def _windows(items: Iterable[PreparedSample], size: int) -> Iterator[list[Prepar
         yield chunk
 
 
-def _pad(seqs: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(seqs: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return right-padded ids [B, T] and attention mask [B, T]."""
     t = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
@@ -515,22 +511,6 @@ def load_target(model_path: str | Path, device: str | torch.device | None = None
     return model, tokenizer
 
 
-def dist_context() -> tuple[int, int, int]:
-    """Return (rank, world_size, local_rank) from torchrun's environment; joins the process group."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if torch.cuda.is_available():
-                torch.cuda.set_device(local)
-            dist.init_process_group(backend=backend)
-    return rank, world, local
-
-
 def finish_ranks(stats: ExtractStats, out_dir: str | Path, world_size: int) -> ExtractStats:
     """Wait for every rank, merge the index on rank 0, and return the counts summed over ranks."""
     if world_size > 1:
@@ -563,7 +543,8 @@ def run(
     on_batch: Callable[[int, int], None] | None = None,
 ) -> ExtractStats:
     """Capture a generation output into a store at `out_dir` (torchrun-aware); return the counts."""
-    rank, world, local = dist_context()
+    info = init_distributed()  # under torchrun: joins the group, this rank's GPU
+    rank, world, local = info.rank, info.world_size, info.local_rank
     device = f"cuda:{local}" if world > 1 and torch.cuda.is_available() else None
     model, tokenizer = load_target(model_path, device)
     meta = store_meta(

@@ -20,6 +20,7 @@ from training.hidden_states import (
     PreparedSample,
     capture_batch,
     load_target,
+    pad_batch,
     prepare_samples,
     store_meta,
 )
@@ -90,12 +91,7 @@ class OnlineStates:
         """Return the samples `ids` with their states, from one padded forward of the target."""
         prepared = [self._samples[sid] for sid in ids]
         device = next(self.model.parameters()).device
-        width = max(len(p.input_ids) for p in prepared)
-        input_ids = torch.full((len(prepared), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros(len(prepared), width, dtype=torch.long)
-        for i, p in enumerate(prepared):
-            input_ids[i, : len(p.input_ids)] = p.input_ids
-            mask[i, : len(p.input_ids)] = 1
+        input_ids, mask = pad_batch([p.input_ids for p in prepared], self.tokenizer.pad_token_id or 0)
         states = capture_batch(self.model, input_ids.to(device), mask.to(device), self.meta.aux_layer_ids, True)
         assert states.final is not None
         return [

@@ -589,7 +589,6 @@ def train(
         aux_layer_ids=sglang_layer_ids(store.meta.aux_layer_ids, store.meta.layer_convention),
         intermediate_size=cfg.intermediate_size,
     )
-    draft_cfg.num_aux_layers = len(store.meta.aux_layer_ids)
     draft = Eagle3Draft(draft_cfg)
     draft.load_embeddings(load_embeddings(cfg.target))
     draft.set_vocab(vocab.d2t, vocab.t2d)
