@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,26 @@ class AgentProgress:
     ended: float | None = None
     error: str | None = None
     summary: str | None = None
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Mark the agent running; on leaving, record when, and how it ended if it raised.
+
+        Cancellation marks it cancelled and propagates. Any other failure marks it failed with
+        the reason and is swallowed: one agent's crash must not take the run down.
+        """
+        self.started, self.state = time.perf_counter(), RUNNING
+        try:
+            yield
+        except asyncio.CancelledError:
+            self.state = CANCELLED
+            raise
+        except LLMError as exc:
+            self.state, self.error = FAILED, str(exc)
+        except Exception as exc:  # noqa: BLE001 - the per-agent boundary
+            self.state, self.error = FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            self.ended = time.perf_counter()
 
     @property
     def searches(self) -> int:
@@ -156,15 +177,13 @@ async def run_agent(
     progress.toolbox = toolbox
     system = system_prompt(brief, goal, budget, sorted(toolbox.categories))
     messages: list[dict[str, Any]] = list(client.user_message(kickoff_message(brief)))
-    progress.started = time.perf_counter()
-    progress.state = RUNNING
     nudged = False
 
     def on_retry(attempt: int, wait_s: float, reason: str) -> None:
         progress.retries += 1
         progress.state = RETRYING
 
-    try:
+    with progress.running():
         while True:
             if progress.turn >= budget.max_turns:
                 progress.state = OUT_OF_TURNS
@@ -192,18 +211,6 @@ async def run_agent(
                 progress.state = FINISHED
                 break
             messages.extend(client.tool_result_messages(outcomes, _budget_note(progress, budget)))
-    except asyncio.CancelledError:
-        progress.state = CANCELLED
-        raise
-    except LLMError as exc:
-        progress.state = FAILED
-        progress.error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - the per-agent boundary: one agent's bug must not end the run
-        # One agent's crash must not take the run down; the reason is kept for scout_agents.
-        progress.state = FAILED
-        progress.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        progress.ended = time.perf_counter()
     return progress
 
 

@@ -208,20 +208,12 @@ class ScoutRun:
             from curator.scout.rules import run_rules_agent
 
             self.rules_agent = run_rules_agent
-        progress.started = time.perf_counter()
-        progress.state = RUNNING
         try:
-            await self.rules_agent(brief, toolbox, self.config.goal, target_samples=self.config.target_samples)
-            progress.state = FINISHED
-        except asyncio.CancelledError:
-            progress.state = CANCELLED
-            raise
-        except Exception as exc:  # noqa: BLE001 - the per-agent boundary: one agent's bug must not end the run
-            progress.state = FAILED
-            progress.error = f"{type(exc).__name__}: {exc}"
+            with progress.running():
+                await self.rules_agent(brief, toolbox, self.config.goal, target_samples=self.config.target_samples)
+                progress.state = FINISHED
         finally:
             progress.turn = toolbox.stats.calls
-            progress.ended = time.perf_counter()
 
     async def _record(self, sink: CatalogSink) -> None:
         # Shielded so that a second Ctrl-C during these last writes cannot lose them.
