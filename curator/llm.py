@@ -150,46 +150,38 @@ def parse_retry_after(headers: httpx.Headers | Any) -> float | None:
         return max(parsed.timestamp() - time.time(), 0.0)
 
 
-async def _with_retries(
-    call: Callable[[], Any],
-    classify: Callable[[BaseException], tuple[bool, float | None, str]],
-    policy: RetryPolicy,
-    on_retry: RetryHook | None,
-    counter: list[int],
-) -> Any:
-    """Run `call` until it succeeds, retrying what `classify` calls retryable; raise LLMError otherwise."""
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await call()
-        except (LLMError, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - classify decides; anything unknown is re-raised below
-            retryable, retry_after, reason = classify(exc)
-            if not retryable:
-                raise LLMError(reason) from exc
-            if attempt >= policy.max_attempts:
-                raise LLMError(f"{reason} (gave up after {attempt} attempts)") from exc
-            wait = policy.delay(attempt, retry_after)
-            counter[0] += 1
-            if on_retry is not None:
-                on_retry(attempt, wait, reason)
-            await asyncio.sleep(wait)
-
-
 # -- Anthropic ---------------------------------------------------------------------------------
 
 
 class _SharedMessages:
     """What the Anthropic and OpenAI clients have in common: message shapes and the retry count."""
 
-    _retries: list[int]
+    retries: int  # how many calls were retried so far
+    retry: RetryPolicy
 
-    @property
-    def retries(self) -> int:
-        """Return how many calls were retried so far."""
-        return self._retries[0]
+    def _classify(self, exc: BaseException) -> tuple[bool, float | None, str]:
+        raise NotImplementedError
+
+    async def _with_retries(self, call: Callable[[], Any], on_retry: RetryHook | None) -> Any:
+        """Run `call` until it succeeds, retrying what `_classify` calls retryable; raise LLMError otherwise."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await call()
+            except (LLMError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - _classify decides; anything unknown is re-raised below
+                retryable, retry_after, reason = self._classify(exc)
+                if not retryable:
+                    raise LLMError(reason) from exc
+                if attempt >= self.retry.max_attempts:
+                    raise LLMError(f"{reason} (gave up after {attempt} attempts)") from exc
+                wait = self.retry.delay(attempt, retry_after)
+                self.retries += 1
+                if on_retry is not None:
+                    on_retry(attempt, wait, reason)
+                await asyncio.sleep(wait)
 
     def user_message(self, text: str) -> list[dict[str, Any]]:
         """Return the messages that add a plain user message."""
@@ -222,7 +214,7 @@ class AnthropicClient(_SharedMessages):
         self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_ANTHROPIC_MODEL
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
-        self._retries = [0]
+        self.retries = 0
         kwargs: dict[str, Any] = {"max_retries": 0, "timeout": timeout_s}
         if api_key:
             kwargs["api_key"] = api_key
@@ -256,7 +248,7 @@ class AnthropicClient(_SharedMessages):
                 tools=[{"name": t["name"], "description": t["description"], "input_schema": t["input_schema"]} for t in tools],
             )
 
-        message = await _with_retries(call, self._classify, self.retry, on_retry, self._retries)
+        message = await self._with_retries(call, on_retry)
         texts: list[str] = []
         calls: list[ToolCall] = []
         content: list[dict[str, Any]] = []
@@ -347,7 +339,7 @@ class OpenAIClient(_SharedMessages):
         self.url = chat_completions_url(base_url)
         self.max_output_tokens = max_output_tokens
         self.retry = retry or RetryPolicy()
-        self._retries = [0]
+        self.retries = 0
         key = api_key or os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(
@@ -383,7 +375,7 @@ class OpenAIClient(_SharedMessages):
             except ValueError as exc:
                 raise LLMError(f"{self.url} answered something that is not JSON: {response.text[:200]!r}") from exc
 
-        data = await _with_retries(call, self._classify, self.retry, on_retry, self._retries)
+        data = await self._with_retries(call, on_retry)
         return self._parse(data)
 
     def _parse(self, data: dict[str, Any]) -> LLMTurn:
