@@ -76,8 +76,8 @@ class CatalogSink:
             item = self._queue.get_nowait()
             if item is not _STOP:
                 leftovers.append(item)
-        for job in leftovers:
-            await self._write([job])
+        if leftovers:
+            await self._write(leftovers)  # one batch, in order, as the writer task would have
         self._task = None
 
     async def flush(self) -> None:
