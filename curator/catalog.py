@@ -545,15 +545,11 @@ def _read_version(con: duckdb.DuckDBPyConnection) -> int:
     has_table = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
     ).fetchone()
-    if not has_table or not has_table[0]:
-        # A file from before versioning still has the version-1 tables.
-        legacy = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'candidates'"
-        ).fetchone()
-        return 1 if legacy and legacy[0] else 0
-    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
-    if row and row[0] is not None:
-        return int(row[0])
+    if has_table and has_table[0]:
+        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+        if row and row[0] is not None:
+            return int(row[0])
+    # No recorded version: a file from before versioning still has the version-1 tables.
     legacy = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'candidates'").fetchone()
     return 1 if legacy and legacy[0] else 0
 
