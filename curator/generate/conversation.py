@@ -16,29 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curator.generate.client import Completion
-from curator.generate.rows import MixRow
+from curator.generate.rows import MixRow, answer_points
 
 # (history so far, endpoint of the previous turn) -> the target's answer
 Ask = Callable[[Sequence[dict[str, str]], str | None], Awaitable[Completion]]
-
-
-def answer_points(row: MixRow) -> list[int]:
-    """Return the indices of the messages after which the target answers (empty for
-    keep_responses rows and for conversations with nothing left to answer)."""
-    messages = row.messages
-    if row.keep_responses:
-        return []
-    if row.turns == "last":
-        return [len(messages) - 1] if messages[-1]["role"] in ("user", "tool") else []
-    points = []
-    for i, message in enumerate(messages):
-        nxt = messages[i + 1]["role"] if i + 1 < len(messages) else None
-        if message["role"] == "user" and nxt != "assistant":
-            points.append(i)
-        elif message["role"] == "tool" and nxt not in ("assistant", "tool"):
-            # Parallel tool results are answered once, after the last of them.
-            points.append(i)
-    return points
 
 
 @dataclass

@@ -118,7 +118,7 @@ def parse_row(record: dict[str, Any], where: str) -> MixRow | BadRow:
         return BadRow(row_id, "no user turn to answer")
     if not keep and turns == "last" and clean[-1]["role"] not in ("user", "tool"):
         return BadRow(row_id, f"turns=last needs the conversation to end in a user or tool turn, not {clean[-1]['role']}")
-    return MixRow(
+    row = MixRow(
         id=row_id,
         source=str(record.get("source") or ""),
         category=str(record.get("category") or ""),
@@ -126,3 +126,25 @@ def parse_row(record: dict[str, Any], where: str) -> MixRow | BadRow:
         turns=turns,
         keep_responses=keep,
     )
+    if not keep and not answer_points(row):
+        return BadRow(row_id, "no unanswered user turn")
+    return row
+
+
+def answer_points(row: MixRow) -> list[int]:
+    """Return the indices of the messages after which the target answers (empty for
+    keep_responses rows and for conversations with nothing left to answer)."""
+    messages = row.messages
+    if row.keep_responses:
+        return []
+    if row.turns == "last":
+        return [len(messages) - 1] if messages[-1]["role"] in ("user", "tool") else []
+    points = []
+    for i, message in enumerate(messages):
+        nxt = messages[i + 1]["role"] if i + 1 < len(messages) else None
+        if message["role"] == "user" and nxt != "assistant":
+            points.append(i)
+        elif message["role"] == "tool" and nxt not in ("assistant", "tool"):
+            # Parallel tool results are answered once, after the last of them.
+            points.append(i)
+    return points

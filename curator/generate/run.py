@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from curator.errors import ConfigError
 from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
-from curator.generate.conversation import answer_points, output_record, regenerate
+from curator.generate.conversation import output_record, regenerate
 from curator.generate.local import TransformersBackend
 from curator.generate.rows import BadRow, MixRow, iter_mix, read_mix_ids
 from curator.generate.shards import (
@@ -258,10 +258,6 @@ class _Run:
                 self._fail(row.id, f"malformed mix row: {row.reason}", status="malformed", permanent=True)
                 self.stats.malformed += 1
                 continue
-            if not row.keep_responses and not answer_points(row):
-                self._fail(row.id, "malformed mix row: no unanswered user turn", status="malformed", permanent=True)
-                self.stats.malformed += 1
-                continue
             try:
                 result = await regenerate(row, self.backend.complete)
             except RequestError as exc:
@@ -317,6 +313,8 @@ class _Run:
         stats.shards_written = self.writer.shards_written
         stats.requests_per_s = stats.requests / stats.wall_s if stats.wall_s else 0.0
         stats.output_tokens_per_s = stats.completion_tokens / stats.wall_s if stats.wall_s else 0.0
+        # Counted from the directory, not from memory: the figures are what a resumed run or the
+        # next stage will find (a second read of the shards, once, at the end of a long run).
         done = scan_shards(self.out).done_ids
         self.errors.load()
         self.errors.compact(done)
