@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from curator.errors import ConfigError, EndpointError
 from training.hidden_states import ExtractStats, PreparedSample, prepare_samples
 from training.store import HiddenStateSample, StoreMeta, StoreWriter
+from training.target_head import read_target_config
 
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
@@ -110,9 +111,7 @@ def layer_explanation(meta: StoreMeta) -> str:
 def load_final_norm(target_dir: str | Path) -> tuple[torch.Tensor, float]:
     """Return (the final RMSNorm weight, eps) of the target, read from its safetensors without loading the rest."""
     root = Path(target_dir)
-    cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    text = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
-    eps = float(text.get("rms_norm_eps", 1e-6))
+    eps = float(read_target_config(root).get("rms_norm_eps", 1e-6))
     index = root / "model.safetensors.index.json"
     if index.exists():
         weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
