@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +57,6 @@ def bench_datasets(briefs: list[Brief], per_category: int = 4) -> list[FakeDatas
 
 async def scout_once(briefs: list[Brief], all_briefs: list[Brief], hub_url: str, llm_url: str, turns: int, workdir: Path) -> ScoutRun:
     """Run the given agents once with a fresh Hub client and catalog; return the finished run."""
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=32))
     catalog = Catalog.open(Path(tempfile.mkdtemp(dir=workdir)) / "catalog.duckdb")
     hub = LiveHub(endpoint=hub_url, viewer_url=hub_url, cache_dir=workdir / "hf-cache")
     client = AnthropicClient("bench-model", api_key=API_KEY, base_url=llm_url)

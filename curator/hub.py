@@ -14,12 +14,14 @@ requests, so ten agents asking for the same dataset cause one fetch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ EXAMPLE_ROWS = 3
 CARD_CHARS = 20_000  # what a snapshot keeps of a card; tools truncate further for the model
 
 T = TypeVar("T")
+HUB_THREADS = 32  # blocking Hub calls in flight at once (ten agents search and read cards together)
 
 
 class UnknownDatasetError(HubError):
@@ -304,9 +307,16 @@ class LiveHub(HubClient):
         self._api = HfApi(endpoint=self.endpoint, token=self._token)
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         self._http = httpx.AsyncClient(base_url=self.viewer_url, timeout=timeout, headers=headers)
+        # huggingface_hub blocks: its calls run on the hub's own threads, enough for ten agents'
+        # searches and card reads at once whatever the event loop's default executor is.
+        self._pool = ThreadPoolExecutor(max_workers=HUB_THREADS, thread_name_prefix="hub")
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        self._pool.shutdown(wait=False)
 
     async def _search(self, query: str, limit: int) -> list[DatasetHit]:
         hits = await self._list(query, limit)
@@ -324,15 +334,15 @@ class LiveHub(HubClient):
             infos = self._api.list_datasets(search=query, sort="downloads", limit=limit)
             return [_hit_from_info(info) for info in infos]
 
-        return await asyncio.to_thread(self._hub_call, call, f"searching the Hub for {query!r}")
+        return await self._in_thread(self._hub_call, call, f"searching the Hub for {query!r}")
 
     async def _inspect(self, dataset_id: str) -> DatasetDetails:
-        info = await asyncio.to_thread(
+        info = await self._in_thread(
             self._hub_call, lambda: self._api.dataset_info(dataset_id), f"reading {dataset_id}"
         )
         details = _details_from_info(info)
         card, _ = await asyncio.gather(
-            asyncio.to_thread(self._card_text, dataset_id, info.sha), self._fill_from_viewer(details)
+            self._in_thread(self._card_text, dataset_id, info.sha), self._fill_from_viewer(details)
         )
         details.card_text = card
         return details

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -23,7 +22,6 @@ from curator.ui import console, rows_table, summary_table
 
 # Hub calls of huggingface_hub are blocking and run in threads; ten agents need more than the
 # default pool (cpu + 4) or they queue behind each other.
-HUB_THREADS = 32
 
 
 class Planner(str, Enum):
@@ -83,7 +81,6 @@ def scout(
 
 
 async def _run(run: ScoutRun, hub: HubClient, client: LLMClient | None) -> None:
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=HUB_THREADS, thread_name_prefix="hub"))
     try:
         await run.run()
     finally:
@@ -144,7 +141,6 @@ def snapshot(
     queries = list(query or []) or [q for b in load_briefs(agents_dir) for q in b.seed_queries]
 
     async def go():
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=HUB_THREADS, thread_name_prefix="hub"))
         live_hub = LiveHub()
         try:
             return await build_snapshot(live_hub, queries, out, per_query=per_query, extra_ids=dataset or ())
