@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 
-from training.hidden_states import BackgroundWriter, HostCopier, capture_batch, default_aux_layers, sample_finite  # noqa: E402
+from training.hidden_states import BackgroundWriter, HostCopier, capture_batch, sample_finite  # noqa: E402
+from training.layers import default_aux_layers  # noqa: E402
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
 
 

@@ -27,7 +27,8 @@ from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 
 from training.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from training.target_head import TargetHead  # noqa: E402
-from training.trainer import Batch, TTTObjective, step_counts, target_signals  # noqa: E402
+from training.batches import Batch  # noqa: E402
+from training.objective import TTTObjective, step_counts, target_signals  # noqa: E402
 
 
 def train_flops_per_token(cfg: DraftConfig, ttt_steps: int, seq: int) -> float:

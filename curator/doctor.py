@@ -190,7 +190,9 @@ def check_layout(layout: DraftLayout) -> list[Check]:
 
     shapes = layout.shapes
     prefix = layout.decoder_prefix
-    wanted = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *(prefix + k for k in DECODER_KEYS)]
+    # d2t/t2d belong only to a draft vocabulary smaller than the target's (vLLM refuses them otherwise)
+    maps = ["d2t", "t2d"] if layout.draft_vocab_size != layout.vocab_size else []
+    wanted = ["fc.weight", "norm.weight", "lm_head.weight", *maps, *(prefix + k for k in DECODER_KEYS)]
     missing = [k for k in wanted if k not in shapes]
     other_prefix = "midlayer." if prefix == "layers.0." else "layers.0."
     if missing and any(k.startswith(other_prefix) for k in shapes):
@@ -201,7 +203,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
         checks.append(Check("weight names", "error", f"missing tensors: {', '.join(missing[:6])}"
                             + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")))
     else:
-        checks.append(Check("weight names", "ok", f"fc, {prefix}*, norm, lm_head, d2t, t2d present"))
+        checks.append(Check("weight names", "ok", f"fc, {prefix}*, norm, lm_head{', d2t, t2d' if maps else ''} present"))
 
     if "embed_tokens.weight" in shapes and layout.fmt == "sglang":
         checks.append(Check("embeddings", "warn",
@@ -342,33 +344,28 @@ def default_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def check_store(layout: DraftLayout, store_meta: Any) -> list[Check]:
-    """Return checks that the draft's layer ids and sizes match the hidden-state store it was trained on."""
+def check_store(layout: DraftLayout, store_meta: Any, target_config: dict[str, Any] | None = None) -> list[Check]:
+    """Return checks that the layers the engine will feed the draft are those its data was captured at."""
     from training.errors import ModelMismatchError
-    from training.export import sglang_layer_ids
+    from training.export import served_layer_inputs
 
     checks: list[Check] = []
+    ids = list(store_meta.aux_layer_ids)  # inputs of layers, whatever the store recorded
+    arch = (layout.config.get("curator") or {}).get("target_architecture")
+    target = target_config or {"num_hidden_layers": store_meta.num_layers, "architectures": [arch]}
     try:
-        # stores may record outputs of layers; the export and the server speak of inputs
-        ids = sglang_layer_ids(list(store_meta.aux_layer_ids), store_meta.layer_convention)
+        served = served_layer_inputs(layout.config, target)
     except ModelMismatchError as exc:
         return [Check("layer ids vs data", "error", str(exc))]
-    draft_ids = layout.aux_layer_ids
-    if draft_ids is None:
-        served = default_layer_ids(store_meta.num_layers)  # what the server falls back to
-        if served == ids:
-            checks.append(Check("layer ids vs data", "warn",
-                                f"the export records no layer ids; the server's default {served} is what the data was captured at"))
-        else:
-            checks.append(Check("layer ids vs data", "error",
-                                f"the export records no layer ids, so the server would use its default {served}, "
-                                f"but the draft learned from {ids} (inputs of layers); re-export with curator export"))
-    elif list(draft_ids) != ids:
+    if served != ids:
+        written = layout.aux_layer_ids
+        how = (f"the export writes {written}, which the engine reads as" if written is not None
+               else "the export writes no layer ids, so the engine uses its default,")
         checks.append(Check("layer ids vs data", "error",
-                            f"export says {draft_ids} but the training data was captured at {ids} "
-                            f"(inputs of layers): the server would feed the draft other layers than it learned"))
+                            f"{how} inputs of layers {served}, but the draft learned from {ids}: the server "
+                            "would feed the draft other layers than it learned; re-export with curator export"))
     else:
-        checks.append(Check("layer ids vs data", "ok", f"{ids} as captured"))
+        checks.append(Check("layer ids vs data", "ok", f"the engine feeds inputs of layers {ids}, as captured"))
     fc = layout.shapes.get("fc.weight")
     if fc is not None and len(fc) == 2 and fc[1] != 3 * int(store_meta.hidden_size):
         checks.append(Check("fc width vs data", "error",
@@ -644,7 +641,7 @@ def diagnose(draft: str | Path, target: str | Path | None = None, store: str | P
             meta = HiddenStateStore.open(store).meta
         except StoreError as exc:
             raise ConfigError(f"cannot read the hidden-state store {store}: {exc}") from None
-        checks.extend(check_store(layout, meta))
+        checks.extend(check_store(layout, meta, read_target_config(target) if target is not None else None))
     spec = parse_launch(launch) if launch is not None else None
     if spec is not None:
         checks.extend(check_launch(spec, layout, target, target_hidden))

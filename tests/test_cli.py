@@ -12,7 +12,7 @@ from curator.cli import main
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["train", "--lr", "fast"], "Invalid value for '--lr'"),
+        (["train", "--stop-after", "fast"], "Invalid value for '--stop-after'"),
         (["no-such-command"], "No such command"),
         (["build-mix"], "Missing option '--out'"),
     ],

@@ -63,7 +63,7 @@ def write_sglang_export(root: Path, *, config: dict | None = None, **tensor_kwar
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "intermediate_size": 4 * H,
            "num_hidden_layers": 1, "vocab_size": VOCAB, "draft_vocab_size": DRAFT_VOCAB,
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": LAYER_IDS}}
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in LAYER_IDS]}}  # SGLang adds 1 (Llama)
     cfg.update(config or {})
     (root / "config.json").write_text(json.dumps(cfg))
     save_file(draft_tensors("midlayer.", **tensor_kwargs), str(root / "model.safetensors"))

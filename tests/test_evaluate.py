@@ -245,7 +245,7 @@ def test_offline_estimate_sits_beside_the_measured_one(target, prompts, tiny_tar
 def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang") -> Path:
     """A draft checkpoint saved by the trainer's own function and exported for serving."""
     from training.export import export_checkpoint
-    from training.trainer import save_checkpoint
+    from training.checkpoint import save_checkpoint
 
     draft = random_draft(model, seed=2)
     meta = {"step": 1, "draft_config": draft.config.to_dict(), "aux_layer_ids": AUX_IDS,

@@ -11,8 +11,9 @@ from safetensors import safe_open
 
 from test_trainer import AUX_LAYERS, one_thread, sharp_target, store_dir, tiny_config  # noqa: F401  (fixtures)
 from training.errors import TrainingError
-from training.export import export_checkpoint, load_draft, sglang_layer_ids
-from training.trainer import load_checkpoint_draft, train
+from training.export import export_checkpoint, load_draft
+from training.checkpoint import load_checkpoint_draft
+from training.trainer import train
 
 LAYER = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
          "mlp.up_proj", "mlp.down_proj", "input_layernorm", "hidden_norm", "post_attention_layernorm"]
@@ -38,7 +39,9 @@ def test_sglang_export_has_the_layout_sglang_loads(run_dir: Path, tmp_path: Path
     H, V = 64, cfg["vocab_size"]
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["draft_vocab_size"] == 64 and cfg["num_hidden_layers"] == 1 and cfg["hidden_size"] == H
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AUX_LAYERS  # captured as sglang-input
+    # SGLang adds 1 to a Llama target's ids (they are layer outputs there): inputs [1, 2, 3] are written [0, 1, 2]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in AUX_LAYERS]
+    assert cfg["curator"]["aux_layer_inputs"] == AUX_LAYERS
     assert set(got) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
         f"midlayer.{name}.weight" for name in LAYER}
     assert got["fc.weight"] == (H, 3 * H) and got["lm_head.weight"] == (64, H) and got["d2t"] == (64,)
@@ -57,6 +60,8 @@ def test_speculators_export_renames_the_layer_and_names_the_verifier(run_dir: Pa
     assert cfg["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert {f"layers.0.{name}.weight" for name in LAYER} <= set(got)
     assert not any(k.startswith("midlayer.") for k in got) and {"d2t", "t2d"} <= set(got)
+    # speculators' loader leaves a missing embedding uninitialised: the export carries the target's
+    assert got["embed_tokens.weight"] == (cfg["transformer_layer_config"]["vocab_size"], 64)
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])
@@ -79,16 +84,11 @@ def test_checkpoint_with_incomplete_metadata_is_refused(run_dir: Path, tmp_path:
     for f in ckpt.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     meta = json.loads((broken / "meta.json").read_text())
-    del meta["aux_layer_ids"]
+    del meta["draft_config"]["aux_layer_ids"]
     (broken / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(TrainingError, match="aux_layer_ids"):
         export_checkpoint(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-
-
-def test_layer_ids_are_converted_to_sglang_numbering() -> None:
-    assert sglang_layer_ids([1, 30, 57], "specforge-output") == [2, 31, 58]
-    assert sglang_layer_ids([2, 31, 58], "sglang-input") == [2, 31, 58]
 
 
 def test_curator_export_writes_the_chosen_layout(run_dir: Path, tmp_path: Path) -> None:

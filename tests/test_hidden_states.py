@@ -14,13 +14,13 @@ from training.chat_tokens import GenerationReadStats, iter_generation, tokenize_
 from training.hidden_states import (
     ExtractStats,
     capture_batch,
-    default_aux_layers,
     extract,
     length_batches,
     load_target,
     merge_index,
     store_meta,
 )
+from training.layers import default_aux_layers
 from training.store import HiddenStateStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -52,4 +52,4 @@ def test_online_training_writes_a_checkpoint_and_no_states(tiny_target: Path, tm
     written = list(tmp_path.rglob("*.safetensors"))
     assert written and all((run / "checkpoints") in p.parents for p in written)  # no stored states
     meta = json.loads((result.checkpoint / "meta.json").read_text())
-    assert meta["aux_layer_ids"] and meta["train_config"]["online"] is True
+    assert meta["draft_config"]["aux_layer_ids"] and meta["train_config"]["online"] is True

@@ -56,7 +56,7 @@ def test_samples_read_back_exactly_across_many_shards(tmp_path: Path) -> None:
         assert torch.equal(got.final, want.final)
         assert got.category == want.category and store.length(f"s{i}") == len(want)
     assert [s.id for s in store] == store.ids()
-    assert store.meta.aux_layer_ids == [2, 4, 5] and store.meta.layer_convention == "sglang-input"
+    assert store.meta.aux_layer_ids == [2, 4, 5] and store.meta.layer_convention == "layer-input"
 
 
 def test_resume_appends_and_skips_what_is_already_stored(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_fp8_quantised_upstream_stores_the_same_bytes_as_quantised_by_the_writer
 
 
 def test_fp8_read_as_stored_and_dequantised_on_the_device_equals_dequantised_on_read(tmp_path: Path) -> None:
-    from training.trainer import load_batch
+    from training.batches import load_batch
 
     with StoreWriter(tmp_path, meta("fp8"), shard_max_bytes=2_000) as w:
         for i in range(6):

@@ -20,16 +20,10 @@ from training.store import HiddenStateSample, HiddenStateStore, StoreMeta, Store
 from training.target_head import TargetHead
 from training.toy_target import build_target
 from training.train_config import TrainConfig
-from training.trainer import (
-    epoch_batches,
-    load_batch,
-    load_checkpoint_draft,
-    lr_lambda,
-    offline_metrics,
-    split_eval,
-    target_signals,
-    train,
-)
+from training.batches import epoch_batches, load_batch, split_eval
+from training.checkpoint import load_checkpoint_draft
+from training.objective import offline_metrics, target_signals
+from training.trainer import lr_lambda, train
 
 AUX_LAYERS = [1, 2, 3]
 
@@ -114,7 +108,7 @@ def test_draft_learns_to_predict_the_target(store_dir: Path, sharp_target: Path,
     assert after["acc"][0] > max(0.3, 2.5 * majority)
     assert log[-1]["acc"][0] > 2 * log[0]["acc"][0] and log[-1]["loss"] < log[0]["loss"]
     assert 1.0 < after["accept_length"] <= 4.0 and len(after["cond_acc"]) == 3
-    assert meta["aux_layer_ids"] == AUX_LAYERS and (tmp_path / "run" / "vocab.json").exists()
+    assert meta["draft_config"]["aux_layer_ids"] == AUX_LAYERS and (tmp_path / "run" / "vocab.json").exists()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 80
 
 
@@ -176,7 +170,7 @@ def test_curator_train_takes_options_from_the_file_and_flags_override(
     config = tmp_path / "run.yaml"
     config.write_text(f"data: {store_dir}\ntarget: {sharp_target}\nttt_steps: 2\nmax_steps: 50\n"
                       "global_batch_size: 4\nmicro_batch_size: 4\ndraft_vocab_size: 128\nlog_every: 1\n")
-    code = main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--max-steps", "2",
+    code = main(["train", "--config", str(config), f"out={tmp_path / 'run'}", "max_steps=2",
                  "--catalog", str(tmp_path / "catalog.duckdb")])
     assert code == 0
     log = read_metrics(tmp_path / "run")
@@ -186,7 +180,23 @@ def test_curator_train_takes_options_from_the_file_and_flags_override(
 
     _, rows = Catalog.open(tmp_path / "catalog.duckdb").query("SELECT count(*) FROM training_runs", [])
     assert rows[0][0] == 1
-    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--ttt-steps", "0"]) == 1
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["max_steps"] == 2 and saved["ttt_steps"] == 2  # the run keeps what it was told
+    assert main(["train", "--config", str(config), f"out={tmp_path / 'run'}", "ttt_steps=0"]) == 1
+    assert main(["train", "--config", str(config), "no_such_option=1"]) == 1
+
+
+def test_the_bare_trainer_entry_point_reads_the_same_arguments(
+    store_dir: Path, sharp_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.trainer import main as trainer_main
+
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"data": str(store_dir), "target": str(sharp_target), "ttt_steps": 2,
+                                  "global_batch_size": 4, "micro_batch_size": 4, "draft_vocab_size": 128}))
+    assert trainer_main(["--config", str(config), f"out={tmp_path / 'run'}", "max_steps=1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 1
+    assert trainer_main(["--config", str(config), "max_steps=1"]) == 1  # out missing: one line, exit 1
 
 
 def test_gpu_bench_logic_runs_at_tiny_size_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,7 +246,7 @@ def test_fresh_run_in_a_killed_runs_folder_rebuilds_its_vocab(store_dir: Path, s
 def test_prefetcher_returns_each_step_in_order_and_reads_ahead() -> None:
     import threading
 
-    from training.trainer import Prefetcher
+    from training.batches import Prefetcher
 
     calls: list[int] = []
     lock = threading.Lock()

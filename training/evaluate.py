@@ -518,15 +518,15 @@ def offline_estimate(
 ) -> dict[str, Any]:
     """Return the teacher-forced estimate on the store's held-out samples (the trainer's own split):
     acc and cond_acc per draft position and the expected acceptance length of a K-token chain."""
-    from training.export import sglang_layer_ids
+    from training.batches import split_eval
+    from training.objective import offline_metrics
     from training.store import HiddenStateStore
     from training.target_head import TargetHead
-    from training.trainer import offline_metrics, split_eval
 
     store = HiddenStateStore.open(store_path)
     if not store.meta.has_final:
         raise TrainingError(f"store {store_path} has no final hidden states: the offline estimate needs the target's logits")
-    stored_ids = sglang_layer_ids(list(store.meta.aux_layer_ids), store.meta.layer_convention)
+    stored_ids = list(store.meta.aux_layer_ids)
     if stored_ids != list(draft.config.aux_layer_ids):
         raise ModelMismatchError(
             f"store {store_path} holds layers {stored_ids} (inputs of layers), the draft fuses {draft.config.aux_layer_ids}"

@@ -1,9 +1,8 @@
 """Capture the target's aux-layer and final hidden states with transformers, into a shard store.
 
-Layer ids follow SGLang's convention ("sglang-input"): id L is the *input* of decoder layer L,
-which is `output_hidden_states[L]` in transformers (index 0 is the embedding output) and the output
-of layer L-1 (SpecForge's numbering). The default [2, N//2, N-3] is what SGLang captures for an
-EAGLE-3 draft (Kimi-K2.5, N=61: [2, 30, 58]). Id N is the last layer's output before the final norm.
+Layer ids are numbered as training.layers says (id L is the *input* of decoder layer L, which is
+`output_hidden_states[L]` in transformers); the default [2, N//2, N-3] is what SGLang captures for
+an EAGLE-3 draft by default (Kimi-K2.5, N=61: [2, 30, 58]).
 The "final" state is the last layer's output after the final norm (`last_hidden_state`, equal to
 `output_hidden_states[-1]` in HF Llama): the state the target's lm_head turns into logits.
 
@@ -44,32 +43,8 @@ from training.chat_tokens import (
 )
 from training.distributed import init_distributed
 from training.errors import ModelMismatchError, TrainingError
+from training.layers import CONVENTION, check_layer_ids, default_aux_layers
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index, quantize_fp8
-
-LAYER_CONVENTION = "sglang-input"
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """Return SGLang's EAGLE-3 aux layer ids [2, N//2, N-3] (spread as [1, N//2, N-1] for N < 7)."""
-    ids = [2, num_layers // 2, num_layers - 3]
-    if len(set(ids)) < 3 or ids != sorted(ids):
-        ids = [1, num_layers // 2, num_layers - 1]  # tiny test targets, where N-3 <= N//2
-    if num_layers < 4:
-        raise ModelMismatchError(f"a target with {num_layers} layers is too shallow for three distinct aux layers")
-    return ids
-
-
-def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
-    """Return the layer ids as ints, or raise when one is outside 0..N (N = last layer's output)."""
-    ids = [int(i) for i in layer_ids]
-    bad = [i for i in ids if not 0 <= i <= num_layers]
-    if bad or not ids:
-        raise ModelMismatchError(
-            f"aux layer ids {ids} must lie in 0..{num_layers} for a {num_layers}-layer target "
-            "(SGLang convention: id L is the input of layer L)"
-        )
-    return ids
-
 
 def text_config(config: Any) -> Any:
     """Return the language-model part of a (possibly multimodal) transformers config."""
@@ -260,7 +235,7 @@ def store_meta(
         num_layers=n,
         vocab_size=int(cfg["vocab_size"]),
         aux_layer_ids=ids,
-        layer_convention=LAYER_CONVENTION,
+        layer_convention=CONVENTION,
         dtype=dtype,
         has_final=has_final,
         chat_template_sha256=chat_template_sha256(tokenizer),
@@ -577,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="target model directory (config, weights, tokenizer)")
     p.add_argument("--data", required=True, help="generation output directory (shard-*.jsonl)")
     p.add_argument("--out", required=True, help="store directory (created; resumed when it exists)")
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="aux layer ids, SGLang convention")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="aux layer ids: inputs of these decoder layers (default [2, N//2, N-3])")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
     p.add_argument("--no-final", action="store_true", help="do not store the final normed state")
     p.add_argument("--max-len", type=int, default=None)

@@ -47,6 +47,7 @@ import torch
 from safetensors import safe_open
 
 from training.atomic import write_json
+from training.layers import CONVENTION, normalise
 from training.errors import StoreError
 from training.shard_file import write_parts
 
@@ -75,7 +76,7 @@ class StoreMeta:
     num_layers: int
     vocab_size: int
     aux_layer_ids: list[int]
-    layer_convention: str = "sglang-input"  # aux id L = input of layer L = hidden_states[L] in HF
+    layer_convention: str = CONVENTION  # see training.layers; normalised to it when the meta is made
     dtype: str = "bf16"
     has_final: bool = True
     chat_template_sha256: str = ""
@@ -85,7 +86,9 @@ class StoreMeta:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise StoreError(f"store dtype must be one of {DTYPES}, not {self.dtype!r}")
-        self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+        # One numbering everywhere after this point, whatever an older store recorded.
+        self.aux_layer_ids = normalise(self.aux_layer_ids, self.layer_convention)
+        self.layer_convention = CONVENTION
 
     @property
     def aux_width(self) -> int:

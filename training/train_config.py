@@ -138,3 +138,38 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     """Return the config in `path` with non-None `overrides` applied."""
     return TrainConfig.from_dict(read_config_file(path)).replace(**overrides)
 
+
+
+REQUIRED = ("data", "target", "out")
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Return `key=value` command-line items as a dict; values are read as JSON, else kept as text.
+
+    `lr=3e-4` is a float, `max_steps=null` is None, `online=true` a bool, `out=runs/d1` a string.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TrainingError(f"{item!r} is not key=value (e.g. max_steps=600)")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] | dict[str, Any] = ()) -> TrainConfig:
+    """Return a run's config: the file's options (JSON or YAML), then `key=value` overrides over them.
+
+    Both entry points (`curator train` and `python -m training.trainer`, under torchrun or not)
+    read a run this way, and the run directory keeps the result as config.json.
+    """
+    data = read_config_file(path) if path else {}
+    extra = parse_overrides(list(overrides)) if not isinstance(overrides, dict) else dict(overrides)
+    cfg = TrainConfig.from_dict({**data, **extra})
+    missing = [name for name in REQUIRED if not getattr(cfg, name)]
+    if missing:
+        raise TrainingError(f"set {', '.join(missing)} in the config file or as key=value (e.g. {missing[0]}=...)")
+    return cfg

@@ -45,7 +45,8 @@ from training.export import export_checkpoint, load_draft  # noqa: E402
 from training.store import HiddenStateStore  # noqa: E402
 from training.target_head import TargetHead  # noqa: E402
 from training.train_config import TrainConfig  # noqa: E402
-from training.trainer import offline_metrics, train  # noqa: E402
+from training.objective import offline_metrics  # noqa: E402
+from training.trainer import train  # noqa: E402
 
 
 def write_mix(path: Path, prefix: str, prompts: list[str]) -> Path:

@@ -12,7 +12,8 @@ import typer
 from curator.errors import ConfigError
 from curator.ui import console, human_bytes, progress, rows_table, stdout, summary_table
 from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
-from training.hidden_states import ExtractStats, check_layer_ids, default_aux_layers, merge_index, store_meta
+from training.hidden_states import ExtractStats, merge_index, store_meta
+from training.layers import check_layer_ids, default_aux_layers
 from training.plan import DiskPlan, ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
 from training.store import StoreMeta, read_index
 
@@ -165,7 +166,7 @@ def hidden_states(
     model: str = typer.Option(..., "--model", help="Target directory (transformers), or the served model name (vllm)."),
     data: Optional[Path] = typer.Option(None, "--data", help="Generation output directory (shard-*.jsonl)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Store directory; an existing one is resumed."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Aux layer ids, SGLang convention, e.g. 2,30,58 (default [2, N//2, N-3])."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Aux layer ids as inputs of decoder layers, e.g. 2,30,58 (default [2, N//2, N-3])."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, or fp8 (e4m3 + a float32 scale per token and layer)."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Clip each sample to this many tokens."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per forward batch (transformers)."),

@@ -2,41 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
+from rich.markup import escape
 from rich.progress import TextColumn
 
 from curator.errors import CatalogError, ConfigError
 from curator.ui import console, progress, rows_table, summary_table
 from training.errors import TrainingError
-from training.export import FORMATS, export_checkpoint
-from training.train_config import TrainConfig
+from training.export import FORMATS, export_checkpoint, is_hub_id
+from training.train_config import TrainConfig, load_run_config
 from training.trainer import TrainResult, train as run_training
-
-
-def load_train_config(path: Path | None, overrides: dict[str, Any]) -> TrainConfig:
-    """Return the run's config: the file's options (YAML or JSON), then the non-None flags over them."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read training config {path}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of option: value")
-    try:
-        cfg = TrainConfig.from_dict(data).replace(**overrides)
-    except TrainingError as exc:
-        raise ConfigError(f"{path or 'flags'}: {exc}") from exc
-    missing = [name for name in ("data", "target", "out") if not getattr(cfg, name)]
-    if missing:
-        raise ConfigError(f"set {', '.join('--' + m for m in missing)} (or their keys in --config)")
-    return cfg
 
 
 def _fmt_acc(values: list[float]) -> str:
@@ -58,34 +39,24 @@ def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> 
 
 
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON file with every option of the run."),
-    data: Optional[str] = typer.Option(None, "--data", help="Hidden-state store directory (with --online: a generation output)."),
-    online: Optional[bool] = typer.Option(None, "--online/--offline", help="Run the target beside the draft instead of reading stored states."),
-    target: Optional[str] = typer.Option(None, "--target", help="The target's local model directory."),
-    out: Optional[str] = typer.Option(None, "--out", help="Run directory (checkpoints, metrics.jsonl, vocab.json)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its latest checkpoint."),
-    ttt_steps: Optional[int] = typer.Option(None, "--ttt-steps", help="Training-time-test steps (default 7)."),
-    draft_vocab_size: Optional[int] = typer.Option(None, "--draft-vocab-size", help="Draft vocabulary (default 32000)."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (default 1e-4)."),
-    epochs: Optional[float] = typer.Option(None, "--epochs"),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Optimizer steps (overrides --epochs)."),
-    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Sequences per step, all ranks."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Sequences per forward per rank."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", help="Tokens kept per sample (default 2048)."),
-    log_every: Optional[int] = typer.Option(None, "--log-every"),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="0: at the end only."),
-    save_every: Optional[int] = typer.Option(None, "--save-every", help="0: at the end only."),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda."),
+    overrides: Optional[list[str]] = typer.Argument(
+        None, metavar="[KEY=VALUE]...",
+        help="Options over the config file's, e.g. data=states/ target=/models/T out=runs/d1 max_steps=600. "
+             "Every option is a field of training.train_config.TrainConfig (see docs/training.md)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in `out` from its latest checkpoint."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in."),
 ) -> None:
-    """Train an EAGLE-3 draft with training-time test on stored target hidden states."""
-    overrides = dict(data=data, online=online, target=target, out=out, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size,
-                     lr=lr, epochs=epochs, max_steps=max_steps, global_batch_size=global_batch_size,
-                     micro_batch_size=micro_batch_size, max_length=max_length, log_every=log_every,
-                     eval_every=eval_every, save_every=save_every, seed=seed, device=device)
-    cfg = load_train_config(config, overrides)
+    """Train an EAGLE-3 draft with training-time test: `curator train --config FILE [key=value ...]`.
+
+    The same arguments work under torchrun, and as `python -m training.trainer` on a GPU node
+    without the curator package. The run directory keeps the resolved options as config.json.
+    """
+    try:
+        cfg = load_run_config(config, overrides or [])
+    except TrainingError as exc:
+        raise ConfigError(f"{config or 'options'}: {exc}") from exc
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar = progress(TextColumn("{task.fields[status]}"))
     task = bar.add_task("train", total=None, status="")
@@ -123,11 +94,20 @@ def export(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A run directory (its latest checkpoint) or a checkpoint."),
     format: str = typer.Option("sglang", "--format", help="sglang or speculators."),
     out: Path = typer.Option(..., "--out", help="Directory to write config.json and model.safetensors to."),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help="The target's Hub id for the speculators layout "
+                                           "(vLLM resolves it), e.g. meta-llama/Llama-3.1-8B-Instruct."),
+    target: Optional[Path] = typer.Option(None, "--target", help="The target's model folder, when it moved since "
+                                          "training (the speculators layout carries its embeddings)."),
 ) -> None:
-    """Export a trained draft in SGLang's or vLLM speculators' layout."""
+    """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
-    path = export_checkpoint(checkpoint, out, fmt=format)
+    path = export_checkpoint(checkpoint, out, fmt=format, verifier=verifier, target_dir=target)
+    if format == "speculators":
+        name = json.loads((path / "config.json").read_text(encoding="utf-8"))["speculators_config"]["verifier"]["name_or_path"]
+        if not is_hub_id(name):
+            console.print(f"[yellow]warning:[/] the verifier is the local folder {escape(name)}; `vllm serve` needs the "
+                          "target's Hub id: export again with --verifier ORG/NAME", highlight=False)
     console.print(summary_table("curator export", [("format", format), ("out", str(path)),
                                                     ("files", ", ".join(sorted(p.name for p in path.iterdir())))]))
 

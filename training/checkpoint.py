@@ -1,0 +1,184 @@
+"""Training checkpoints: the format, saving, finding, reading and loading them back.
+
+A run directory holds `checkpoints/step-NNNNNNN/` folders (each published by one rename) and
+`checkpoints/latest.json` naming the newest. A checkpoint folder holds:
+- `draft.safetensors`: the draft's trainable weights (float32; no embedding, which is the target's);
+- `trainer_state.pt`: optimizer, scheduler, RNG, data position, pending metric sums (resume only);
+- `meta.json`: the format, `draft_config` (whose `aux_layer_ids` are the one record of the layers
+  the draft was trained on, in training.layers.CONVENTION), the target (`target_dir`,
+  `target_config`), the store it was trained on, the vocab summary, `ttt_steps`, `train_config`
+  and the held-out split (`split`: which ids trained and which were held out).
+Export, evaluation and the trainer read checkpoints only through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from training.atomic import write_text
+from training.draft import DraftConfig, Eagle3Draft
+from training.errors import ModelMismatchError, TrainingError
+from training.layers import check_layer_ids
+from training.target_head import load_embeddings
+
+FORMAT = "curator-eagle3-checkpoint/2"
+# /1 also recorded the layer ids at the top level, next to the same ids in draft_config.
+READABLE_FORMATS = ("curator-eagle3-checkpoint/1", FORMAT)
+REQUIRED_META = ("draft_config", "target_dir", "step")
+REQUIRED_WEIGHTS = ("fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+WEIGHTS = "draft.safetensors"
+TRAINER_STATE = "trainer_state.pt"
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """Return the newest complete checkpoint directory of a run, if any."""
+    pointer = Path(run_dir) / "checkpoints" / "latest.json"
+    if not pointer.exists():
+        return None
+    try:
+        name = json.loads(pointer.read_text(encoding="utf-8"))["name"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TrainingError(f"{pointer} is unreadable ({exc}); point --checkpoint at a checkpoints/step-* folder") from exc
+    path = Path(run_dir) / "checkpoints" / str(name)
+    return path if (path / "meta.json").exists() else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """Return the checkpoint directory for a run directory (its latest) or a checkpoint directory."""
+    p = Path(path)
+    if (p / "meta.json").exists() and (p / WEIGHTS).exists():
+        return p
+    ckpt = latest_checkpoint(p)
+    if ckpt is None:
+        raise TrainingError(f"{p} is neither a checkpoint nor a run directory with one; train first")
+    return ckpt
+
+
+def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
+    """Delete checkpoint folders a killed save left half-written; return what was removed.
+
+    Only the run's single writer calls this (rank 0, at start), so nothing live is touched.
+    """
+    root = Path(run_dir) / "checkpoints"
+    stale = sorted(root.glob(".step-*.tmp")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def save_checkpoint(
+    run_dir: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None
+) -> Path:
+    """Write checkpoints/step-NNNNNNN/ (weights, meta, optimizer state) atomically; return it."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{int(meta['step']):07d}"
+    tmp = root / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
+    tmp.mkdir()
+    try:
+        state = {k: v.detach().cpu().contiguous() for k, v in draft.trainable_state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / TRAINER_STATE)
+        (tmp / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}, indent=2, default=str), encoding="utf-8")
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    write_text(root / "latest.json", json.dumps({"name": name, "step": int(meta["step"])}))
+    return final
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    """Return a checkpoint's meta.json, checked for what export and evaluation rely on."""
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TrainingError(f"checkpoint {ckpt} has no readable meta.json ({exc}); refusing to use it") from exc
+    if not isinstance(meta, dict):
+        raise TrainingError(f"checkpoint {ckpt}/meta.json is not a JSON object; refusing to use it")
+    if meta.get("format", READABLE_FORMATS[0]) not in READABLE_FORMATS:
+        raise TrainingError(f"checkpoint {ckpt} has format {meta.get('format')!r}; this toolkit reads {READABLE_FORMATS}")
+    missing = [k for k in REQUIRED_META if meta.get(k) in (None, "", [])]
+    layer_ids = (meta.get("draft_config") or {}).get("aux_layer_ids") if isinstance(meta.get("draft_config"), dict) else None
+    if not layer_ids:
+        missing.append("draft_config.aux_layer_ids")
+    if missing:
+        raise TrainingError(f"checkpoint {ckpt} metadata lacks {missing}; refusing a draft that cannot be served right")
+    return meta
+
+
+def layer_ids(meta: dict[str, Any]) -> list[int]:
+    """Return the target layers (inputs, training.layers.CONVENTION) the checkpoint's draft fuses."""
+    ids = [int(i) for i in meta["draft_config"]["aux_layer_ids"]]
+    n = (meta.get("target_config") or {}).get("num_hidden_layers")
+    return check_layer_ids(ids, int(n)) if n else ids
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Return the tensors of a safetensors file; a missing or damaged file is a TrainingError."""
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise TrainingError(f"{path} is not a readable safetensors file ({exc}); was it copied completely?") from exc
+
+
+def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+    """Return (checkpoint dir, meta, weights) of a checkpoint or a run's latest, all checked."""
+    ckpt = resolve_checkpoint(path)
+    meta = read_meta(ckpt)
+    weights = read_weights(ckpt / WEIGHTS)
+    absent = [k for k in REQUIRED_WEIGHTS if k not in weights]
+    if absent:
+        raise TrainingError(f"checkpoint {ckpt} lacks weights {absent}; refusing to use it")
+    return ckpt, meta, weights
+
+
+def load_checkpoint_draft(ckpt: str | Path, target_dir: str | Path | None = None) -> tuple[Eagle3Draft, dict[str, Any]]:
+    """Return (draft with the checkpoint's weights, its meta); embeddings from the target when reachable."""
+    path, meta, weights = read_checkpoint(ckpt)
+    draft = Eagle3Draft(DraftConfig.from_dict(meta["draft_config"]))
+    missing, unexpected = draft.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - {"embed_tokens.weight"}:
+        raise ModelMismatchError(f"checkpoint {path} does not fit its config (missing {missing}, unexpected {unexpected})")
+    target = target_dir or meta.get("target_dir")
+    if target and Path(target).exists():
+        draft.load_embeddings(load_embeddings(target))
+    return draft, meta
+
+
+def load_trainer_state(ckpt: Path) -> dict[str, Any]:
+    """Return the optimizer/scheduler/RNG/data-position state saved with a checkpoint."""
+    try:
+        return torch.load(ckpt / TRAINER_STATE, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise TrainingError(f"{ckpt}/{TRAINER_STATE} is unreadable ({exc}); resume from an earlier checkpoint") from exc
+
+
+def rng_state() -> dict[str, Any]:
+    """Return every RNG state a resumed run must restore to continue bit-identically."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore the RNG states saved by `rng_state`."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

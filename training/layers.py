@@ -1,0 +1,147 @@
+"""Aux layer ids: which target layers feed the draft, and how each engine numbers them.
+
+This module is the one owner of that knowledge. Everything else holds ids in the toolkit's own
+numbering and converts only through the functions here.
+
+The toolkit's numbering ("layer-input"): id L is the *input* of decoder layer L, which is
+`output_hidden_states[L]` in transformers (index 0 is the embedding output) and the output of
+layer L-1. Id N (N = number of layers) is the last layer's output before the final norm. Ids are
+kept sorted: both engines concatenate the captured states in layer order, whatever order a config
+lists them in, so a draft trained on another order would see its fc inputs permuted.
+
+Engines read the ids in a draft's config.json differently (checked in SGLang 0.5.23's model
+files and vLLM 0.33.0):
+- SGLang, `set_eagle3_layers_to_capture` on the target class: no ids -> inputs of
+  [2, N//2, N-3]; most classes (llama, qwen2/3, qwen3_moe, glm4_moe, gemma, minimax, ...) add 1
+  (the ids are layer *outputs* there); deepseek_v2 (DeepSeek-V2/V3, Kimi-K2.x) and
+  glm4_moe_lite add 1 only when the first id is 1; gpt_oss keeps the ids when the largest is N,
+  else adds 1. The model loop captures the input of layer i for i in range(N) (gpt_oss also the
+  last layer's output, id N), so an id past the model is silently never captured.
+- vLLM and speculators take the ids as layer inputs, as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from training.errors import ModelMismatchError
+
+CONVENTION = "layer-input"
+# Conventions a store or checkpoint may record -> offset to the toolkit's numbering. "sglang-input"
+# is the name earlier stores used for the same numbering as CONVENTION.
+_OFFSET = {CONVENTION: 0, "sglang-input": 0, "output": 1, "specforge-output": 1}
+
+SGLANG_VERSION = "0.5.23"
+# SGLang target classes (config.json `architectures[0]`) whose rule is not "add 1".
+_SGLANG_FIRST_IS_ONE = frozenset({
+    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+    "KimiK25ForConditionalGeneration",  # delegates to its DeepSeek-V3 language model
+    "Glm4MoeLiteForCausalLM",
+})
+_SGLANG_KEEP_IF_LAST = frozenset({"GptOssForCausalLM"})
+# Classes whose rule was read in SGLang's source ("add 1"); others get that rule too, unverified.
+_SGLANG_PLUS_ONE = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Glm4MoeForCausalLM",
+    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM", "MiniMaxM2ForCausalLM",
+    "ApertusForCausalLM", "BailingMoeV2ForCausalLM", "LongcatFlashForCausalLM", "Llama4ForConditionalGeneration",
+})
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """Return the default aux layer ids: SGLang's [2, N//2, N-3] ([1, N//2, N-1] for N < 7)."""
+    if num_layers < 4:
+        raise ModelMismatchError(f"a target with {num_layers} layers is too shallow for three distinct aux layers")
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) < 3 or ids != sorted(ids):
+        ids = [1, num_layers // 2, num_layers - 1]  # tiny test targets, where N-3 <= N//2
+    return ids
+
+
+def check_layer_ids(layer_ids: Iterable[Any], num_layers: int) -> list[int]:
+    """Return the ids as sorted ints, or raise when one repeats or lies outside 0..N."""
+    ids = sorted(int(i) for i in layer_ids)
+    bad = [i for i in ids if not 0 <= i <= num_layers]
+    if bad or not ids or len(set(ids)) != len(ids):
+        raise ModelMismatchError(
+            f"aux layer ids {ids} must be distinct and lie in 0..{num_layers} for a {num_layers}-layer target "
+            "(id L is the input of layer L; N is the last layer's output)"
+        )
+    return ids
+
+
+def normalise(layer_ids: Sequence[Any], convention: str) -> list[int]:
+    """Return ids recorded in `convention` in the toolkit's numbering; refuse unknown or unsorted ones.
+
+    Unsorted ids cannot be sorted here: the stored states were concatenated in the recorded order,
+    which no engine reproduces.
+    """
+    if convention not in _OFFSET:
+        raise ModelMismatchError(f"unknown layer convention {convention!r}; expected one of {sorted(_OFFSET)}")
+    ids = [int(i) + _OFFSET[convention] for i in layer_ids]
+    if ids != sorted(set(ids)):
+        raise ModelMismatchError(
+            f"aux layer ids {list(layer_ids)} are not in increasing layer order; SGLang and vLLM concatenate the "
+            "captured states in layer order, so these states cannot be served: capture them again"
+        )
+    return ids
+
+
+def sglang_rule(architecture: str | None) -> str:
+    """Return how SGLang maps config ids to captured layer inputs for a target class."""
+    if architecture in _SGLANG_FIRST_IS_ONE:
+        return "plus-one-if-first-is-one"
+    if architecture in _SGLANG_KEEP_IF_LAST:
+        return "keep-if-last-is-n"
+    return "plus-one"
+
+
+def sglang_rule_verified(architecture: str | None) -> bool:
+    """Return whether the class's rule was read in SGLang's source (else "plus-one" is assumed)."""
+    return architecture in _SGLANG_FIRST_IS_ONE | _SGLANG_KEEP_IF_LAST | _SGLANG_PLUS_ONE
+
+
+def sglang_captured(config_ids: Sequence[int] | None, architecture: str | None, num_layers: int) -> list[int]:
+    """Return the layer inputs SGLang captures, in order, for a draft config holding `config_ids`."""
+    n = num_layers
+    if config_ids is None:
+        wanted = [2, n // 2, n - 3]
+    else:
+        ids = [int(i) for i in config_ids]
+        rule = sglang_rule(architecture)
+        if rule == "plus-one-if-first-is-one":
+            wanted = [i + 1 for i in ids] if ids and ids[0] == 1 else ids
+        elif rule == "keep-if-last-is-n":
+            wanted = ids if ids and max(ids) == n else [i + 1 for i in ids]
+        else:
+            wanted = [i + 1 for i in ids]
+    top = n if sglang_rule(architecture) == "keep-if-last-is-n" else n - 1
+    # the model's loop visits layers in order and tests membership: order and repeats vanish
+    return sorted({i for i in wanted if 0 <= i <= top})
+
+
+def sglang_config_ids(layer_ids: Sequence[int], architecture: str | None, num_layers: int) -> list[int] | None:
+    """Return the ids to write in an SGLang draft config so that SGLang captures `layer_ids`.
+
+    None means "write none": the ids equal SGLang's default. Raises when SGLang's rule for the
+    target class cannot express the ids at all.
+    """
+    ids = sorted(int(i) for i in layer_ids)
+    for candidate in (None, [i - 1 for i in ids], ids):
+        if candidate is not None and min(candidate) < 0:
+            continue
+        if sglang_captured(candidate, architecture, num_layers) == ids:
+            return candidate
+    raise ModelMismatchError(
+        f"SGLang {SGLANG_VERSION} cannot be told to capture the inputs of layers {ids} of a {architecture} target "
+        f"with {num_layers} layers (its rule: {sglang_rule(architecture)}); capture and train on other layers, "
+        "e.g. the default"
+    )
+
+
+def vllm_captured(config_ids: Sequence[int] | None, num_layers: int) -> list[int]:
+    """Return the layer inputs vLLM (and speculators) capture: the ids as written, else the default."""
+    if config_ids is None:
+        return [2, num_layers // 2, num_layers - 3]
+    return sorted({int(i) for i in config_ids})

@@ -1,0 +1,196 @@
+"""The EAGLE-3 training objective (training-time test) and its metrics.
+
+Per micro-batch, the target's logits come from the stored final hidden state and the target's
+lm_head: their argmax says which positions the draft can match at all (in the draft vocab), and
+their softmax restricted to the draft vocab is what the draft learns. TTT: step 0 feeds the
+target's fused aux states; step k feeds the draft's own hidden output of step k-1 and the input
+ids shifted by k, at positions t+k (see draft.TTTCache for attention). The loss is
+sum_k 0.8^k * soft-CE(target_p, draft) over loss-masked positions whose target argmax lies in the
+draft vocab, divided by the count of loss-masked positions of step k over the whole global batch
+(known from the masks alone, so every rank divides by the same number and N ranks add up to
+exactly the 1-rank gradient).
+
+Metrics per TTT step k, over loss-masked positions (a target token outside the draft vocab counts
+as a miss): acc_k (unconditional top-1 agreement), cond_acc_k (agreement given steps < k all
+agreed at the same origin), and the teacher-forced acceptance estimate 1 + sum_k prod_{j<=k} cond_acc_j.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from training.batches import Batch, States, load_batch
+from training.distributed import all_reduce_sum
+from training.draft import Eagle3Draft, TTTCache
+from training.target_head import TargetHead
+
+# per TTT step: loss_sum, n_valid, n_correct, n_prefix (all right through k), n_prev (all right through k-1)
+N_SUMS = 5
+
+
+@dataclass
+class TargetSignals:
+    argmax: torch.Tensor  # [B, T] the target's greedy token at each position
+    probs: torch.Tensor  # [B, T, draft_vocab] float32, softmax over the draft vocab's logits
+    valid: torch.Tensor  # [B, T] bool: the token after this position is loss-masked
+    in_vocab: torch.Tensor  # [B, T] bool: the target's argmax has a draft id
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (argmax, probs, valid, in_vocab), the order TTTObjective takes them in."""
+        return self.argmax, self.probs, self.valid, self.in_vocab
+
+
+def valid_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Return [B, T] bool: the target's prediction at p counts when token p+1 is in the loss mask."""
+    valid = torch.zeros_like(loss_mask)
+    valid[:, :-1] = loss_mask[:, 1:]
+    return valid
+
+
+@torch.no_grad()
+def target_signals(batch: Batch, head: TargetHead, draft_ids: torch.Tensor, t2d: torch.Tensor) -> TargetSignals:
+    """Return the target's argmax, its draft-vocab distribution and the masks for `batch`."""
+    argmax, probs = [], []
+    for row in batch.final:  # one sequence at a time bounds the [T, V] logits
+        logits = head(row)  # (T, V)
+        argmax.append(logits.argmax(-1))
+        probs.append(logits[:, draft_ids].float().softmax(-1))  # (T, draft_vocab)
+    am = torch.stack(argmax)
+    return TargetSignals(am, torch.stack(probs), valid_positions(batch.loss_mask), t2d[am])
+
+
+class TTTObjective(nn.Module):
+    """The whole TTT unroll as one module call, so DDP sees one forward per backward."""
+
+    def __init__(self, draft: Eagle3Draft) -> None:
+        super().__init__()
+        self.draft = draft
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        aux: torch.Tensor,
+        target_argmax: torch.Tensor,
+        target_probs: torch.Tensor,
+        valid_mask: torch.Tensor,
+        in_vocab: torch.Tensor,
+        step_scale: torch.Tensor,
+        ttt_steps: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (loss = sum_k step_scale[k] * loss_sum_k, metric sums [ttt_steps, N_SUMS]).
+
+        Takes the TargetSignals fields as plain tensors so DDP can handle the inputs.
+        """
+        draft = self.draft
+        B, T = input_ids.shape
+        sums = torch.zeros(ttt_steps, N_SUMS, dtype=torch.float64, device=input_ids.device)
+        loss = aux.new_zeros((), dtype=torch.float32)
+        cache, hidden = TTTCache(), aux
+        positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        prefix = torch.ones(B, T, dtype=torch.bool, device=input_ids.device)  # all right so far, per origin
+        for k in range(ttt_steps):
+            n = T - 1 - k  # origins t whose step-k target position t+1+k exists
+            if n <= 0:
+                break
+            step_ids = F.pad(input_ids[:, k + 1 :], (0, k + 1))  # token x_{t+1+k} at origin t
+            out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
+            hidden = out.hidden  # (B, T, H): the next step's input
+            logits = out.logits[:, :n].float()  # (B, n, draft_vocab)
+            valid = valid_mask[:, 1 + k :]  # (B, n)
+            train_mask = valid & in_vocab[:, 1 + k :]
+            soft_ce = -(target_probs[:, 1 + k :] * F.log_softmax(logits, dim=-1)).sum(-1)  # (B, n)
+            loss_sum = (soft_ce * train_mask).sum()
+            loss = loss + step_scale[k] * loss_sum
+            with torch.no_grad():
+                correct = (draft.draft_to_target(logits.argmax(-1)) == target_argmax[:, 1 + k :]) & valid
+                prev = prefix[:, :n]
+                prefix = prev & correct
+                counted = [valid.sum(), correct.sum(), prefix.sum(), (prev & valid).sum()]
+                sums[k] = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted)])
+        return loss, sums
+
+
+def step_counts(loss_mask: torch.Tensor, ttt_steps: int) -> torch.Tensor:
+    """Return float64 [ttt_steps]: the loss-masked positions of each TTT step in a micro-batch."""
+    valid = valid_positions(loss_mask)
+    return torch.stack([valid[:, 1 + k :].sum() for k in range(ttt_steps)]).double()
+
+
+def summarize(sums: torch.Tensor, step_weight: float = 0.8) -> dict[str, Any]:
+    """Return loss, loss_k, acc, cond_acc and accept_length from metric sums [ttt_steps, N_SUMS]."""
+    s = sums.double().cpu()
+    n_valid = s[:, 1].clamp(min=1)
+    loss_k = (s[:, 0] / n_valid).tolist()
+    acc = (s[:, 2] / n_valid).tolist()
+    cond = (s[:, 3] / s[:, 4].clamp(min=1)).tolist()
+    accept, run = 1.0, 1.0
+    for c in cond:
+        run *= c
+        accept += run
+    return {
+        "loss": sum(step_weight**k * lk for k, lk in enumerate(loss_k)),
+        "loss_k": loss_k,
+        "acc": acc,
+        "cond_acc": cond,
+        "accept_length": accept,
+        "positions": int(s[0, 1]),
+    }
+
+
+@torch.no_grad()
+def metric_sums(
+    draft: Eagle3Draft,
+    store: States,
+    ids: Sequence[str],
+    ttt_steps: int,
+    head: TargetHead,
+    *,
+    batch_size: int = 4,
+    max_length: int = 2048,
+    autocast: bool = False,
+) -> torch.Tensor:
+    """Return the metric sums [ttt_steps, N_SUMS] of `draft` over the samples `ids` (this rank only)."""
+    device = next(draft.parameters()).device
+    dtype = torch.bfloat16 if autocast else torch.float32
+    objective = TTTObjective(draft)
+    total = torch.zeros(ttt_steps, N_SUMS, dtype=torch.float64, device=device)
+    scale = torch.zeros(ttt_steps, device=device)
+    was_training = draft.training
+    draft.eval()
+    ordered = sorted(ids, key=store.length)  # similar lengths together: less padding
+    for i in range(0, len(ordered), batch_size):
+        batch = load_batch(store, ordered[i : i + batch_size], max_length).to(device, dtype)
+        sig = target_signals(batch, head, draft.draft_ids(), draft.t2d)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            _, sums = objective(batch.input_ids, batch.aux, *sig.tensors(), scale, ttt_steps)
+        total += sums
+    draft.train(was_training)
+    return total
+
+
+def offline_metrics(
+    draft: Eagle3Draft,
+    store: States,
+    ids: Sequence[str],
+    ttt_steps: int,
+    target_head: TargetHead,
+    *,
+    batch_size: int = 4,
+    max_length: int = 2048,
+    step_weight: float = 0.8,
+) -> dict[str, Any]:
+    """Return acc (per TTT step), cond_acc, accept_length, loss and positions of `draft` on `ids`.
+
+    Teacher-forced on stored states, as in training: step k drafts the token k+1 ahead from the
+    draft's own earlier hidden states. Summed over ranks when run under torchrun.
+    """
+    autocast = next(draft.parameters()).device.type == "cuda"
+    sums = metric_sums(draft, store, ids, ttt_steps, target_head, batch_size=batch_size, max_length=max_length,
+                       autocast=autocast)
+    return summarize(all_reduce_sum(sums), step_weight)
