@@ -20,7 +20,7 @@ from typing import Any, Literal
 from safetensors import SafetensorError, safe_open
 
 from curator.errors import ConfigError
-from training.target_head import read_target_config
+from training.target_config import read_target_config
 
 Status = Literal["ok", "warn", "error"]
 

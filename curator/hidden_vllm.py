@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 from curator.errors import ConfigError, EndpointError
 from training.hidden_states import ExtractStats, PreparedSample, prepare_samples
 from training.store import HiddenStateSample, StoreMeta, StoreWriter
-from training.target_head import read_target_config
+from training.target_config import read_target_config
 
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 

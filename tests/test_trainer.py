@@ -180,7 +180,7 @@ def test_curator_train_takes_options_from_the_file_and_flags_override(
 
     _, rows = Catalog.open(tmp_path / "catalog.duckdb").query("SELECT count(*) FROM training_runs", [])
     assert rows[0][0] == 1
-    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert saved["max_steps"] == 2 and saved["ttt_steps"] == 2  # the run keeps what it was told
     assert main(["train", "--config", str(config), f"out={tmp_path / 'run'}", "ttt_steps=0"]) == 1
     assert main(["train", "--config", str(config), "no_such_option=1"]) == 1

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from training.errors import ModelMismatchError
+from training.target_config import text_part
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -97,7 +98,7 @@ class DraftConfig:
         Heads, head_dim, eps and rope follow the target; a rope scaling the draft does not
         implement falls back to plain rope (the draft's own config.json records what it used).
         """
-        t = target.get("text_config") or target
+        t = text_part(target)
         rope = dict(t.get("rope_parameters") or t.get("rope_scaling") or {})
         theta = float(t.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))

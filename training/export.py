@@ -31,7 +31,8 @@ from training.checkpoint import read_checkpoint, read_weights
 from training.draft import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, TrainingError
 from training.layers import sglang_captured, sglang_config_ids, sglang_rule, vllm_captured
-from training.target_head import load_embeddings, read_target_config
+from training.target_config import read_target_config
+from training.target_head import load_embeddings
 
 FORMATS = ("sglang", "speculators")
 WEIGHTS_FILE = "model.safetensors"

@@ -44,6 +44,7 @@ from training.chat_tokens import (
 from training.distributed import init_distributed
 from training.errors import ModelMismatchError, TrainingError
 from training.layers import CONVENTION, check_layer_ids, default_aux_layers
+from training.target_config import text_part
 from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index, quantize_fp8
 
 def text_config(config: Any) -> Any:
@@ -225,8 +226,7 @@ def store_meta(
     extra: dict[str, Any] | None = None,
 ) -> StoreMeta:
     """Return the store metadata for a target config (transformers config or its dict) and tokenizer."""
-    cfg = config if isinstance(config, dict) else text_config(config).to_dict()
-    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+    cfg = text_part(config if isinstance(config, dict) else text_config(config).to_dict())
     n = int(cfg["num_hidden_layers"])
     ids = check_layer_ids(layer_ids if layer_ids else default_aux_layers(n), n)
     return StoreMeta(

@@ -18,6 +18,7 @@ from typing import Any
 
 from training.chat_tokens import MalformedRecordError, template_messages
 from training.errors import TrainingError
+from training.target_config import config_path, read_target_config
 from training.store import bytes_per_token
 
 DEFAULT_MAX_LENS = (1024, 512)
@@ -39,21 +40,10 @@ def load_shape(model: str | Path) -> ModelShape:
     Multimodal configs (Kimi-K2.5) keep the language model's widths under `text_config`.
     """
     path = Path(model)
-    cfg_path = path / "config.json" if path.is_dir() else path
-    if not cfg_path.exists():
+    if not config_path(path).exists():
         raise TrainingError(f"{path}: no such config; pass a model directory, its config.json or a config dict file")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TrainingError(f"{cfg_path} is not a JSON config ({exc})") from exc
-    if not isinstance(cfg, dict):
-        raise TrainingError(f"{cfg_path} is not a config dict")
-    for key in ("text_config", "language_config", "llm_config"):
-        if "hidden_size" not in cfg and isinstance(cfg.get(key), dict):
-            cfg = cfg[key]
-    missing = [k for k in ("hidden_size", "num_hidden_layers") if not isinstance(cfg.get(k), int)]
-    if missing:
-        raise TrainingError(f"{cfg_path} lacks {', '.join(missing)}; is it a transformer model's config.json?")
+    cfg = read_target_config(path)
+    cfg_path = config_path(path)
     name = path.name if path.is_dir() else (cfg_path.parent.name if cfg_path.name == "config.json" else cfg_path.stem)
     return ModelShape(name, cfg["hidden_size"], cfg["num_hidden_layers"], int(cfg.get("vocab_size", 0) or 0))
 

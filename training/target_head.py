@@ -17,26 +17,10 @@ import torch.nn as nn
 from safetensors import safe_open
 
 from training.errors import ModelMismatchError, TrainingError
+from training.target_config import read_target_config
 
 LM_HEAD_SUFFIX = "lm_head.weight"
 EMBED_SUFFIX = "embed_tokens.weight"
-
-
-def read_target_config(target_dir: str | Path) -> dict[str, Any]:
-    """Return the target's config.json as a dict (the text part when the model is multimodal)."""
-    path = Path(target_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise TrainingError(f"{target_dir} has no config.json; pass the target's local model directory") from exc
-    except json.JSONDecodeError as exc:
-        raise TrainingError(f"{path} is not valid JSON: {exc}") from exc
-    text = cfg.get("text_config")
-    if isinstance(text, dict):
-        merged = {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
-        merged.setdefault("architectures", cfg.get("architectures"))
-        return merged
-    return cfg
 
 
 def tensor_files(target_dir: str | Path) -> dict[str, Path]:

@@ -164,7 +164,7 @@ def load_run_config(path: str | Path | None, overrides: list[str] | dict[str, An
     """Return a run's config: the file's options (JSON or YAML), then `key=value` overrides over them.
 
     Both entry points (`curator train` and `python -m training.trainer`, under torchrun or not)
-    read a run this way, and the run directory keeps the result as config.json.
+    read a run this way, and the run directory keeps the result as train_config.json.
     """
     data = read_config_file(path) if path else {}
     extra = parse_overrides(list(overrides)) if not isinstance(overrides, dict) else dict(overrides)

@@ -53,7 +53,8 @@ from training.errors import ModelMismatchError, StoreError, TrainingError
 from training.objective import N_SUMS, TTTObjective, metric_sums, step_counts, summarize, target_signals
 from training.online import OnlineStates
 from training.store import HiddenStateStore, StoreMeta
-from training.target_head import TargetHead, load_embeddings, read_target_config
+from training.target_config import read_target_config
+from training.target_head import TargetHead, load_embeddings
 from training.train_config import TrainConfig, load_run_config
 from training.vocab import DraftVocab, build_vocab, count_tokens
 
@@ -133,7 +134,7 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(run_dir)
-        write_text(run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
+        write_text(run_dir / "train_config.json", json.dumps(cfg.to_dict(), indent=2))
     barrier()
     return run_dir, ckpt
 

@@ -14,6 +14,7 @@ from curator.ui import console, human_bytes, progress, rows_table, stdout, summa
 from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
 from training.hidden_states import ExtractStats, merge_index, store_meta
 from training.layers import check_layer_ids, default_aux_layers
+from training.target_config import read_target_config
 from training.plan import DiskPlan, ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
 from training.store import StoreMeta, read_index
 
@@ -202,7 +203,7 @@ def hidden_states(
     if tokenizer is None:
         raise ConfigError(f"{local} has no tokenizer; the chat template of the target is needed to tokenise")
     shape = load_shape(local)
-    cfg = json.loads((local / "config.json").read_text(encoding="utf-8"))
+    cfg = read_target_config(local)
     meta = store_meta(cfg, tokenizer, target=model, layer_ids=layer_ids, dtype=dtype, has_final=not no_final,
                       extra={"backend": backend, "max_len": max_len})
     done: set[str] = set()

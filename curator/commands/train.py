@@ -51,7 +51,7 @@ def train(
     """Train an EAGLE-3 draft with training-time test: `curator train --config FILE [key=value ...]`.
 
     The same arguments work under torchrun, and as `python -m training.trainer` on a GPU node
-    without the curator package. The run directory keeps the resolved options as config.json.
+    without the curator package. The run directory keeps the resolved options as train_config.json.
     """
     try:
         cfg = load_run_config(config, overrides or [])
