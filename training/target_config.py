@@ -41,11 +41,11 @@ def config_path(source: str | Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
-def read_target_config(source: str | Path) -> dict[str, Any]:
+def read_target_config(source: str | Path, required: tuple[str, ...] = REQUIRED) -> dict[str, Any]:
     """Return the target's language-model config, from a model directory or a config file.
 
     Raises a TrainingError that says what to pass when the file is missing, not JSON, or lacks
-    the widths every stage needs.
+    the `required` widths (by default those every stage that shapes a draft or a store needs).
     """
     path = config_path(source)
     try:
@@ -57,7 +57,7 @@ def read_target_config(source: str | Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise TrainingError(f"{path} is not a config dict")
     text = text_part(cfg)
-    missing = [k for k in REQUIRED if not isinstance(text.get(k), int)]
+    missing = [k for k in required if not isinstance(text.get(k), int)]
     if missing:
         raise TrainingError(f"{path} lacks {', '.join(missing)} (also under {', '.join(NESTED_KEYS)}); "
                             "is it a transformer model's config.json?")

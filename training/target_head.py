@@ -67,7 +67,7 @@ def load_lm_head(
     target_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """Return the target's output head [V, H] (its embeddings when they are tied)."""
-    cfg = read_target_config(target_dir)
+    cfg = read_target_config(target_dir, required=())  # only whether the head is tied
     files = tensor_files(target_dir)
     name = None if cfg.get("tie_word_embeddings") else _pick(files, LM_HEAD_SUFFIX)
     name = name or _pick(files, EMBED_SUFFIX)
