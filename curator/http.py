@@ -56,11 +56,12 @@ def timeout(read_s: float, *, connect_s: float = CONNECT_TIMEOUT_S, write_s: flo
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently transient failures are retried."""
+    """How often and how patiently transient failures are retried (the defaults: 8 tries,
+    0.5 s doubling, at most 30 s apart)."""
 
     max_attempts: int = 8
-    base_delay_s: float = 1.0
-    max_delay_s: float = 60.0
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Return the pause before attempt `attempt + 1`: the server's Retry-After when it sent

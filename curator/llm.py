@@ -28,6 +28,8 @@ DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 MODEL_ENV = "CURATOR_MODEL"
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 DEFAULT_TIMEOUT_S = 120.0
+# Ten agents share one key: wait longer than generation does (1 s doubling, up to a minute).
+DEFAULT_RETRY = RetryPolicy(max_attempts=8, base_delay_s=1.0, max_delay_s=60.0)
 
 MISSING_KEY_HELP = (
     "no Anthropic API key: set ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a proxy or gateway), "
@@ -172,7 +174,7 @@ class AnthropicClient(_SharedMessages):
         self._anthropic = anthropic
         self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_ANTHROPIC_MODEL
         self.max_output_tokens = max_output_tokens
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or DEFAULT_RETRY
         self.retries = 0
         kwargs: dict[str, Any] = {"max_retries": 0, "timeout": timeout_s}
         if api_key:
@@ -295,7 +297,7 @@ class OpenAIClient(_SharedMessages):
         self.model = model
         self.url = chat_completions_url(base_url)
         self.max_output_tokens = max_output_tokens
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or DEFAULT_RETRY
         self.retries = 0
         self._http = httpx.AsyncClient(
             headers=http.bearer(api_key or os.environ.get("OPENAI_API_KEY")),
