@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from curator.catalog import AgentAccount, Catalog
 from curator.errors import CuratorError
@@ -241,21 +242,23 @@ class ScoutRun:
         budget = self.config.budget.max_turns
         for p in self.progress:
             state = p.state if not p.error else f"{p.state}: {p.error[:60]}"
+            # Cells are Text, not markup: an error, a brief's title or a Hub id may hold "[...]".
             agents.add_row(
-                p.agent, p.domain[:40], f"{p.turn}/{budget}" if self.config.planner == "llm" else str(p.turn),
+                Text(p.agent), Text(p.domain[:40]), f"{p.turn}/{budget}" if self.config.planner == "llm" else str(p.turn),
                 str(p.searches), str(p.inspections), str(p.candidates), f"{p.tokens:,}", _styled_state(p.state, state),
             )
         top = Table(title="top candidates", title_justify="left")
         for col in ("dataset", "category", "relevance", "samples", "agents"):
             top.add_column(col)
         for row in self.top_candidates():
-            top.add_row(row["dataset_id"], row["category"], f"{row['relevance']:.2f}", f"{row['samples']:,}", ", ".join(row["agents"]))
+            top.add_row(Text(row["dataset_id"]), Text(row["category"]), f"{row['relevance']:.2f}", f"{row['samples']:,}",
+                        Text(", ".join(row["agents"])))
         return Group(agents, top)
 
 
-def _styled_state(state: str, text: str) -> str:
+def _styled_state(state: str, text: str) -> Text:
     colour = {FINISHED: "green", FAILED: "red", CANCELLED: "yellow", RUNNING: "cyan", "retrying": "magenta"}.get(state, "white")
-    return f"[{colour}]{text}[/]"
+    return Text(text, style=colour)
 
 
 async def run_scout(

@@ -10,6 +10,7 @@ agent that enqueued it is cancelled afterwards; `stop()` drains the queue before
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 from curator.catalog import AgentAccount, Catalog
 from curator.errors import CuratorError
+from curator.http import redact
 
 T = TypeVar("T")
 
@@ -111,6 +113,7 @@ class CatalogSink:
         latency_ms: float,
     ) -> None:
         """Enqueue one audit-log row without suspending (safe to call while a task is being cancelled)."""
+        error = redact(error) if error else error  # a server's error body may echo a key
         self._put(_Job("tool_call", (run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)))
 
     async def dataset(self, info: dict[str, Any]) -> None:
@@ -126,7 +129,9 @@ class CatalogSink:
         self._put(_Job("dataset", dict(info)))
 
     async def agent(self, row: AgentAccount) -> None:
-        """Enqueue one agent's accounting row (`scout_agents`; insert or replace)."""
+        """Enqueue one agent's accounting row (`scout_agents`; insert or replace), its error redacted of keys."""
+        if row.error:
+            row = dataclasses.replace(row, error=redact(row.error))
         self._put(_Job("agent", row))
 
     async def call(self, fn: Callable[[Catalog], T]) -> T:
