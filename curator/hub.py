@@ -444,10 +444,10 @@ def _keep_token_on_the_hub(endpoint: str) -> None:
     """Make huggingface_hub's shared session send the token to `endpoint` (and the other Hub
     endpoints named so far) only. Called before each Hub call: the session is re-created after
     a fork or a close, and the hook must be on the one in use."""
-    from huggingface_hub import get_session
+    from huggingface_hub import constants, get_session
 
     with _TOKEN_LOCK:
-        _TOKEN_HOMES.add(endpoint)
+        _TOKEN_HOMES.update((endpoint, constants.ENDPOINT))  # other users of huggingface_hub keep theirs
         hooks = get_session().event_hooks
         if _TOKEN_HOOK not in hooks["request"]:
             hooks["request"] = [*hooks["request"], _TOKEN_HOOK]

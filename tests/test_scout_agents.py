@@ -299,3 +299,41 @@ def test_scout_without_a_key_explains_both_options_and_touches_nothing(tmp_path,
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert "ANTHROPIC_API_KEY" in err and "--llm openai --base-url" in err
     assert not catalog_path.exists()
+
+
+def _scout_cli(llm: ScriptedLLMServer, catalog_path: Path, *extra: str) -> int:
+    from curator.cli import main
+
+    return main([
+        "scout", "--agents", "1", "--llm", "openai", "--base-url", llm.openai_url, "--model", "served-model",
+        "--hub", "bundled", "--catalog", str(catalog_path), "--no-live", "--agents-dir", str(AGENTS_DIR), *extra,
+    ])
+
+
+def test_model_error_with_markup_and_a_key_prints_literally_and_is_stored_redacted(tmp_path, capsys) -> None:
+    agent = briefs(1)[0].id
+    key = "sk-ant-api03-Zx81mQ2vB7nR4tY9uW0pL3sK6dF5gH1j"
+    message = f"upstream [/x] refused key {key} for [bold]{{agent}}"
+    catalog_path = tmp_path / "c.duckdb"
+    with ScriptedLLMServer(failing={agent: 400}, failure_message=message) as llm:
+        code = _scout_cli(llm, catalog_path, "--recipe-out", str(tmp_path / "r.yaml"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "MarkupError" not in err
+    assert "upstream [/x] refused key [REDACTED] for [bold]" in err  # literal, brackets and all
+    assert key not in err
+    _, rows = Catalog.open(catalog_path).query("SELECT state, error FROM scout_agents")
+    [(state, error)] = rows
+    assert state == "failed" and "[REDACTED]" in error and key not in error
+
+
+def test_request_timeout_and_max_attempts_flags_bound_a_hung_model(tmp_path, capsys) -> None:
+    import time
+
+    with ScriptedLLMServer(latency=3.0) as llm:
+        start = time.perf_counter()
+        code = _scout_cli(llm, tmp_path / "c.duckdb", "--request-timeout", "0.2", "--max-attempts", "2")
+        took = time.perf_counter() - start
+        requests = len(llm.bodies)
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "gave up after 2 attempts" in err
+    assert requests == 2 and took < 3.0  # two 0.2 s tries, not 8 of 120 s

@@ -341,7 +341,10 @@ class ScriptedLLMServer:
         for key, value in headers.items():
             handler.send_header(key, value)
         handler.end_headers()
-        handler.wfile.write(data)
+        try:
+            handler.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up waiting (a timeout test)
         with self._lock:
             self.log.append(RequestRecord(api, agent, turn, start, time.perf_counter(), status))
 
