@@ -13,6 +13,7 @@ with a message that names it.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -31,7 +32,8 @@ from curator.errors import CatalogError, CatalogLockedError
 
 ENV_VAR = "CURATOR_CATALOG"
 DEFAULT_PATH = "catalog.duckdb"
-LOCK_WAIT_S = 10.0
+LOCK_WAIT_S = 10.0  # how long one process may keep the file before a waiter gives up
+LOCK_POLL_MAX_S = 0.05  # the waiter at the front tries again at least this often
 STATUSES = ("proposed", "approved", "rejected")
 
 # Each migration brings the schema from version i to i+1; all are idempotent so that a crash
@@ -247,27 +249,41 @@ class Catalog:
     def _open_with_wait(self) -> duckdb.DuckDBPyConnection:
         if self.path.parent and not self.path.parent.exists():
             raise CatalogError(f"cannot create catalog {self.path}: folder {self.path.parent} does not exist")
-        deadline = time.monotonic() + self.lock_wait_s
-        delay = 0.01
-        while True:
-            try:
-                return duckdb.connect(str(self.path))
-            except duckdb.IOException as exc:
-                message = str(exc)
-                if "lock" not in message.lower():
-                    raise CatalogError(f"cannot open catalog {self.path}: {message}") from exc
-                if time.monotonic() >= deadline:
-                    holder = re.search(r"held in (.+?) \(PID (\d+)\)", message)
-                    who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another process"
-                    raise CatalogLockedError(
-                        f"catalog {self.path} is held open by {who} for more than "
-                        f"{self.lock_wait_s:.0f} s; close that program (e.g. an open duckdb shell) "
-                        f"or point --catalog / ${ENV_VAR} at another file"
-                    ) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
-            except duckdb.Error as exc:
-                raise CatalogError(f"cannot open catalog {self.path}: {exc}") from exc
+        # One opener at a time goes through the turnstile and waits for the file there; the
+        # others queue in the kernel behind it. A holder that lets go and wants the file back
+        # queues too, so it cannot take the file again before the process that waited longer.
+        with _Turnstile(self.path):
+            deadline = time.monotonic() + self.lock_wait_s
+            delay = 0.005
+            holder: tuple[str, str] | None = None
+            while True:
+                try:
+                    return duckdb.connect(str(self.path))
+                except duckdb.IOException as exc:
+                    message = str(exc)
+                    if "lock" not in message.lower():
+                        raise CatalogError(f"cannot open catalog {self.path}: {message}") from exc
+                    named = re.search(r"held in (.+?) \(PID (\d+)\)", message)
+                    now_holding = (named.group(1), named.group(2)) if named else holder
+                    if now_holding != holder:
+                        # Another process has had a turn: we wait behind busy users, not for one
+                        # that never lets go, so the wait starts again.
+                        holder, deadline = now_holding, time.monotonic() + self.lock_wait_s
+                    if time.monotonic() >= deadline:
+                        who = f"{holder[0]} (PID {holder[1]})" if holder else "another process"
+                        raise CatalogLockedError(
+                            f"catalog {self.path} is held open by {who} for more than "
+                            f"{self.lock_wait_s:.0f} s; close that program (e.g. an open duckdb shell) "
+                            f"or point --catalog / ${ENV_VAR} at another file"
+                        ) from exc
+                    time.sleep(delay)
+                    delay = min(delay * 2, LOCK_POLL_MAX_S)
+                except duckdb.Error as exc:
+                    raise CatalogError(f"cannot open catalog {self.path}: {exc}") from exc
+
+    def others_waiting(self) -> bool:
+        """Return whether another open of the file is waiting for it (a holder should let go soon)."""
+        return _Turnstile.occupied(self.path)
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -539,6 +555,47 @@ SELECT c.dataset_id,
 FROM candidates c LEFT JOIN datasets d USING (dataset_id)
 GROUP BY c.dataset_id
 """
+
+
+class _Turnstile:
+    """An exclusive flock on `<catalog>.turnstile`, held by the one opener of this catalog that is
+    waiting for the file; every other opener blocks on it in the kernel, in arrival order, and
+    a process that holds the file never holds the turnstile. The kernel drops a flock with its
+    process, so a killed waiter leaves nothing to clean up."""
+
+    def __init__(self, catalog: Path) -> None:
+        self.path = catalog.with_name(catalog.name + ".turnstile")
+        self._fd: int | None = None
+
+    def __enter__(self) -> _Turnstile:
+        try:
+            self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            self.__exit__()  # e.g. a read-only folder: waiting still works, only without the queue
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+    @staticmethod
+    def occupied(catalog: Path) -> bool:
+        """Return whether some opener is waiting in the turnstile right now."""
+        try:
+            fd = os.open(catalog.with_name(catalog.name + ".turnstile"), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return False
 
 
 def _read_version(con: duckdb.DuckDBPyConnection) -> int:
