@@ -442,9 +442,11 @@ class Catalog:
 
     # -- scout runs ------------------------------------------------------------------------
 
-    def start_scout_run(self, goal: str, planner: str, model: str | None, agents: int) -> str:
-        """Record the start of a scout run; return its id."""
-        run_id = _run_id("scout")
+    def start_scout_run(
+        self, goal: str, planner: str, model: str | None, agents: int, run_id: str | None = None
+    ) -> str:
+        """Record the start of a scout run (under `run_id`, else a new id); return its id."""
+        run_id = run_id or new_run_id("scout")
         with self.connect() as con:
             con.execute(
                 "INSERT INTO scout_runs (run_id, goal, planner, model, agents, status, input_tokens, "
@@ -452,6 +454,20 @@ class Catalog:
                 [run_id, goal, planner, model, agents, _now()],
             )
         return run_id
+
+    def running_scout_runs(self) -> list[str]:
+        """Return the ids of the scout runs whose row says `running`."""
+        return [row["run_id"] for row in self._all("SELECT run_id FROM scout_runs WHERE status = 'running' ORDER BY run_id")]
+
+    def abort_scout_runs(self, run_ids: Sequence[str]) -> None:
+        """Mark these `running` scout runs `aborted` (their process is gone)."""
+        if not run_ids:
+            return
+        with self.connect() as con:
+            con.executemany(
+                "UPDATE scout_runs SET status = 'aborted', finished_at = ? WHERE run_id = ? AND status = 'running'",
+                [[_now(), run_id] for run_id in run_ids],
+            )
 
     def finish_scout_run(
         self, run_id: str, status: str, input_tokens: int, output_tokens: int, errors: int, wall_s: float
@@ -492,7 +508,7 @@ class Catalog:
 
     def record_mix(self, name: str, out_dir: str | os.PathLike[str], recipe: dict[str, Any], manifest: dict[str, Any]) -> str:
         """Record a built mix; return its id."""
-        mix_id = _run_id("mix")
+        mix_id = new_run_id("mix")
         rows = manifest.get("total", {}).get("kept") if isinstance(manifest.get("total"), dict) else manifest.get("rows")
         with self.connect() as con:
             con.execute(
@@ -616,5 +632,6 @@ def _check_status(status: str) -> None:
         raise CatalogError(f"unknown status {status!r}; use one of {', '.join(STATUSES)}")
 
 
-def _run_id(kind: str) -> str:
+def new_run_id(kind: str) -> str:
+    """Return a new, sortable run id such as scout-20260101-120000-1a2b3c."""
     return f"{kind}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"

@@ -337,3 +337,51 @@ def test_request_timeout_and_max_attempts_flags_bound_a_hung_model(tmp_path, cap
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "gave up after 2 attempts" in err
     assert requests == 2 and took < 3.0  # two 0.2 s tries, not 8 of 120 s
+
+
+def _scout_process(llm: ScriptedLLMServer, catalog_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "curator", "scout", "--agents", "2", "--llm", "openai", "--base-url", llm.openai_url,
+         "--model", "served-model", "--hub", "bundled", "--catalog", str(catalog_path), "--no-live",
+         "--agents-dir", str(AGENTS_DIR), "--recipe-out", str(catalog_path.parent / "r.yaml")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for_running_row(proc, catalog_path: Path) -> str:
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        if catalog_path.exists():
+            _, rows = Catalog(catalog_path).query("SELECT run_id FROM scout_runs WHERE status = 'running'")
+            if rows:
+                return rows[0][0]
+        time.sleep(0.2)
+    raise AssertionError("the scout never started")
+
+
+@pytest.mark.parametrize(("signal_name", "status"), [("SIGKILL", "aborted"), ("SIGTERM", "cancelled")])
+def test_a_killed_scout_does_not_stay_running(tmp_path, signal_name, status) -> None:
+    import signal
+
+    from curator.cli import main
+
+    catalog_path = tmp_path / "c.duckdb"
+    with ScriptedLLMServer(latency=0.3, default_script=explorer(turns=12)) as llm:
+        proc = _scout_process(llm, catalog_path)
+        killed = _wait_for_running_row(proc, catalog_path)
+        proc.send_signal(getattr(signal, signal_name))
+        proc.wait(timeout=60)
+    # the next scout (here the rules planner, no model) finds the dead run and closes its row
+    assert main(["scout", "--planner", "rules", "--agents", "1", "--hub", "bundled", "--catalog", str(catalog_path),
+                 "--no-live", "--agents-dir", str(AGENTS_DIR), "--recipe-out", str(tmp_path / "r2.yaml")]) == 0
+    _, rows = Catalog.open(catalog_path).query("SELECT run_id, status FROM scout_runs ORDER BY started_at")
+    assert rows[0] == (killed, status)
+    assert rows[1][1] == "finished" and len(rows) == 2

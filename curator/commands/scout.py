@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -82,7 +83,7 @@ def scout(
     run = ScoutRun(cat, hub_client, chosen, config, client, categories(all_briefs))
     try:
         asyncio.run(_run(run, hub_client, client))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         _print_summary(run, None)
         console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {escape(str(cat.path))}")
         raise typer.Exit(130) from None
@@ -94,6 +95,11 @@ def scout(
 
 
 async def _run(run: ScoutRun, hub: HubClient, client: LLMClient | None) -> None:
+    # SIGTERM (a scheduler, `kill`) ends the run as Ctrl-C does: agents cancelled, rows written,
+    # the run recorded as cancelled instead of left `running`.
+    main = asyncio.current_task()
+    assert main is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         await run.run()
     finally:
