@@ -51,7 +51,8 @@ def is_transient(status: int) -> bool:
 
 def timeout(read_s: float, *, connect_s: float = CONNECT_TIMEOUT_S, write_s: float = WRITE_TIMEOUT_S) -> httpx.Timeout:
     """Return the httpx timeouts for a client whose answers may take `read_s` seconds."""
-    return httpx.Timeout(read_s, connect=min(connect_s, read_s), write=min(write_s, max(read_s, connect_s)), pool=None)
+    # No pool timeout: callers bound the requests in flight themselves (slots, semaphores).
+    return httpx.Timeout(read_s, connect=min(connect_s, read_s), write=write_s, pool=None)
 
 
 @dataclass(frozen=True)
