@@ -5,9 +5,11 @@ Human review is plain SQL (`curator sql`, or the duckdb CLI), so the schema is t
 DuckDB lets only one process hold a file open for writing and refuses everyone else, even
 readers. A scout run lasts many minutes while a person wants to query the catalog, so this
 module never keeps the file open: every call opens a connection, does its work in one
-transaction and closes it, and waits (bounded) for a short-lived holder to let go. Only a
-process that keeps the file open for longer (say an open duckdb shell) makes a call fail,
-with a message that names it.
+transaction and closes it, and waits for a short-lived holder to let go. Waiters queue in a
+kernel "turnstile" (a flock on `<catalog>.turnstile`), so a writer that lets go and wants the
+file back waits behind them instead of taking it again at once, and the wait is bounded per
+holder: only a process that keeps the file open for more than LOCK_WAIT_S in one go (say an open
+duckdb shell) makes a call fail, with a message that names it.
 """
 
 from __future__ import annotations
