@@ -133,7 +133,7 @@ async def retrying(
                 raise
             wait = policy.delay(attempt, failure.retry_after)
             if on_retry is not None:
-                on_retry(attempt, wait, failure.reason)
+                on_retry(attempt, wait, redact(failure.reason))  # shown and logged: no key in it
         await asyncio.sleep(wait)
 
 
