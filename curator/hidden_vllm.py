@@ -260,9 +260,9 @@ class VllmExtractor:
         tries = f"{policy.max_attempts} tries"
         try:
             return await http.retrying(once, policy, classify)
-        except (_Retry, httpx.HTTPError) as exc:
+        except (_Retry, httpx.HTTPStatusError, httpx.TransportError) as exc:
             last = classify(exc)
-            assert last is not None
+            assert last is not None  # classify knows each of these
             if file_problem:
                 # The engine answers but its files do not arrive whole: a setup fault every sample would hit.
                 raise _Fatal(

@@ -99,7 +99,10 @@ async def _run(run: ScoutRun, hub: HubClient, client: LLMClient | None) -> None:
     # the run recorded as cancelled instead of left `running`.
     main = asyncio.current_task()
     assert main is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    except (ValueError, RuntimeError):
+        pass  # not the main thread (a caller running the CLI in a thread): its own signals apply
     try:
         await run.run()
     finally:
