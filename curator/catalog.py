@@ -5,14 +5,17 @@ Human review is plain SQL (`curator sql`, or the duckdb CLI), so the schema is t
 DuckDB lets only one process hold a file open for writing and refuses everyone else, even
 readers. A scout run lasts many minutes while a person wants to query the catalog, so this
 module never keeps the file open: every call opens a connection, does its work in one
-transaction and closes it, and waits (bounded) for a short-lived holder to let go. Only a
-process that keeps the file open for longer (say an open duckdb shell) makes a call fail,
-with a message that names it.
+transaction and closes it, and waits for a short-lived holder to let go. Waiters queue in a
+kernel "turnstile" (a flock on `<catalog>.turnstile`), so a writer that lets go and wants the
+file back waits behind them instead of taking it again at once, and the wait is bounded per
+holder: only a process that keeps the file open for more than LOCK_WAIT_S in one go (say an open
+duckdb shell) makes a call fail, with a message that names it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -31,7 +34,8 @@ from curator.errors import CatalogError, CatalogLockedError
 
 ENV_VAR = "CURATOR_CATALOG"
 DEFAULT_PATH = "catalog.duckdb"
-LOCK_WAIT_S = 10.0
+LOCK_WAIT_S = 10.0  # how long one process may keep the file before a waiter gives up
+LOCK_POLL_MAX_S = 0.05  # the waiter at the front tries again at least this often
 STATUSES = ("proposed", "approved", "rejected")
 
 # Each migration brings the schema from version i to i+1; all are idempotent so that a crash
@@ -247,27 +251,41 @@ class Catalog:
     def _open_with_wait(self) -> duckdb.DuckDBPyConnection:
         if self.path.parent and not self.path.parent.exists():
             raise CatalogError(f"cannot create catalog {self.path}: folder {self.path.parent} does not exist")
-        deadline = time.monotonic() + self.lock_wait_s
-        delay = 0.01
-        while True:
-            try:
-                return duckdb.connect(str(self.path))
-            except duckdb.IOException as exc:
-                message = str(exc)
-                if "lock" not in message.lower():
-                    raise CatalogError(f"cannot open catalog {self.path}: {message}") from exc
-                if time.monotonic() >= deadline:
-                    holder = re.search(r"held in (.+?) \(PID (\d+)\)", message)
-                    who = f"{holder.group(1)} (PID {holder.group(2)})" if holder else "another process"
-                    raise CatalogLockedError(
-                        f"catalog {self.path} is held open by {who} for more than "
-                        f"{self.lock_wait_s:.0f} s; close that program (e.g. an open duckdb shell) "
-                        f"or point --catalog / ${ENV_VAR} at another file"
-                    ) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
-            except duckdb.Error as exc:
-                raise CatalogError(f"cannot open catalog {self.path}: {exc}") from exc
+        # One opener at a time goes through the turnstile and waits for the file there; the
+        # others queue in the kernel behind it. A holder that lets go and wants the file back
+        # queues too, so it cannot take the file again before the process that waited longer.
+        with _Turnstile(self.path):
+            deadline = time.monotonic() + self.lock_wait_s
+            delay = 0.005
+            holder: tuple[str, str] | None = None
+            while True:
+                try:
+                    return duckdb.connect(str(self.path))
+                except duckdb.IOException as exc:
+                    message = str(exc)
+                    if "lock" not in message.lower():
+                        raise CatalogError(f"cannot open catalog {self.path}: {message}") from exc
+                    named = re.search(r"held in (.+?) \(PID (\d+)\)", message)
+                    now_holding = (named.group(1), named.group(2)) if named else holder
+                    if now_holding != holder:
+                        # Another process has had a turn: we wait behind busy users, not for one
+                        # that never lets go, so the wait starts again.
+                        holder, deadline = now_holding, time.monotonic() + self.lock_wait_s
+                    if time.monotonic() >= deadline:
+                        who = f"{holder[0]} (PID {holder[1]})" if holder else "another process"
+                        raise CatalogLockedError(
+                            f"catalog {self.path} is held open by {who} for more than "
+                            f"{self.lock_wait_s:.0f} s; close that program (e.g. an open duckdb shell) "
+                            f"or point --catalog / ${ENV_VAR} at another file"
+                        ) from exc
+                    time.sleep(delay)
+                    delay = min(delay * 2, LOCK_POLL_MAX_S)
+                except duckdb.Error as exc:
+                    raise CatalogError(f"cannot open catalog {self.path}: {exc}") from exc
+
+    def others_waiting(self) -> bool:
+        """Return whether another open of the file is waiting for it (a holder should let go soon)."""
+        return _Turnstile.occupied(self.path)
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -426,9 +444,11 @@ class Catalog:
 
     # -- scout runs ------------------------------------------------------------------------
 
-    def start_scout_run(self, goal: str, planner: str, model: str | None, agents: int) -> str:
-        """Record the start of a scout run; return its id."""
-        run_id = _run_id("scout")
+    def start_scout_run(
+        self, goal: str, planner: str, model: str | None, agents: int, run_id: str | None = None
+    ) -> str:
+        """Record the start of a scout run (under `run_id`, else a new id); return its id."""
+        run_id = run_id or new_run_id("scout")
         with self.connect() as con:
             con.execute(
                 "INSERT INTO scout_runs (run_id, goal, planner, model, agents, status, input_tokens, "
@@ -436,6 +456,20 @@ class Catalog:
                 [run_id, goal, planner, model, agents, _now()],
             )
         return run_id
+
+    def running_scout_runs(self) -> list[str]:
+        """Return the ids of the scout runs whose row says `running`."""
+        return [row["run_id"] for row in self._all("SELECT run_id FROM scout_runs WHERE status = 'running' ORDER BY run_id")]
+
+    def abort_scout_runs(self, run_ids: Sequence[str]) -> None:
+        """Mark these `running` scout runs `aborted` (their process is gone)."""
+        if not run_ids:
+            return
+        with self.connect() as con:
+            con.executemany(
+                "UPDATE scout_runs SET status = 'aborted', finished_at = ? WHERE run_id = ? AND status = 'running'",
+                [[_now(), run_id] for run_id in run_ids],
+            )
 
     def finish_scout_run(
         self, run_id: str, status: str, input_tokens: int, output_tokens: int, errors: int, wall_s: float
@@ -476,7 +510,7 @@ class Catalog:
 
     def record_mix(self, name: str, out_dir: str | os.PathLike[str], recipe: dict[str, Any], manifest: dict[str, Any]) -> str:
         """Record a built mix; return its id."""
-        mix_id = _run_id("mix")
+        mix_id = new_run_id("mix")
         rows = manifest.get("total", {}).get("kept") if isinstance(manifest.get("total"), dict) else manifest.get("rows")
         with self.connect() as con:
             con.execute(
@@ -541,6 +575,47 @@ GROUP BY c.dataset_id
 """
 
 
+class _Turnstile:
+    """An exclusive flock on `<catalog>.turnstile`, held by the one opener of this catalog that is
+    waiting for the file; every other opener blocks on it in the kernel, in arrival order, and
+    a process that holds the file never holds the turnstile. The kernel drops a flock with its
+    process, so a killed waiter leaves nothing to clean up."""
+
+    def __init__(self, catalog: Path) -> None:
+        self.path = catalog.with_name(catalog.name + ".turnstile")
+        self._fd: int | None = None
+
+    def __enter__(self) -> _Turnstile:
+        try:
+            self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            self.__exit__()  # e.g. a read-only folder: waiting still works, only without the queue
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+    @staticmethod
+    def occupied(catalog: Path) -> bool:
+        """Return whether some opener is waiting in the turnstile right now."""
+        try:
+            fd = os.open(catalog.with_name(catalog.name + ".turnstile"), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return False
+
+
 def _read_version(con: duckdb.DuckDBPyConnection) -> int:
     has_table = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
@@ -559,5 +634,6 @@ def _check_status(status: str) -> None:
         raise CatalogError(f"unknown status {status!r}; use one of {', '.join(STATUSES)}")
 
 
-def _run_id(kind: str) -> str:
+def new_run_id(kind: str) -> str:
+    """Return a new, sortable run id such as scout-20260101-120000-1a2b3c."""
     return f"{kind}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"

@@ -10,6 +10,7 @@ import traceback
 
 import click
 import typer
+from rich.markup import escape
 
 from curator.errors import CuratorError
 from curator.ui import console
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         result = build_app(args)(args=args, prog_name="curator", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except (CuratorError, TrainingError) as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         code = 1
     except _EXITS as exc:
         code = exc.exit_code
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         console.print(
-            f"[bold red]error:[/] unexpected {type(exc).__name__}: {first} "
+            f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(first)} "
             f"(set {DEBUG_ENV}=1 for the traceback, and please report it)",
             highlight=False, markup=True,
         )

@@ -9,6 +9,14 @@ each conversation exactly as the transformers backend does (same ids, same loss 
 ids to /v1/completions (max_tokens 1), checks and reads the file, stores the sample in the same
 shard store, and deletes the engine's file.
 
+vLLM answers before the file is written: the connector creates `path + ".lock"` holding an
+exclusive flock before the answer leaves, writes the file on a background thread, and releases the
+lock when the write is done (vllm/distributed/kv_transfer/kv_connector/v1/
+example_hidden_states_connector.py, whose own reader takes a shared flock on the `.lock` file,
+then removes both). This client does the same: it waits for the shared lock (bounded by the
+request timeout) before reading, so it never reads or re-requests a half-written file, and it
+removes the file and its lock once read.
+
 Layer ids: vLLM numbers aux layers like SGLang (id L = the residual stream entering layer L), so
 the store's ids are passed through unchanged. Id N (num_hidden_layers) is the last layer's output
 *before* the final norm; the client applies the target's final RMSNorm to it (weights read from
@@ -18,6 +26,8 @@ the target's safetensors) to store the same "final" state as the transformers ba
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import fcntl
 import json
 import os
 import shlex
@@ -32,12 +42,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from curator import http
 from curator.errors import ConfigError, EndpointError
 from training.hidden_states import ExtractStats, PreparedSample, prepare_samples
 from training.store import HiddenStateSample, StoreMeta, StoreWriter
 from training.target_config import read_target_config
 
-TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+LOCK_POLL_S = 0.01  # how often a reader retries the shared lock while the engine writes
 
 
 @dataclass
@@ -50,6 +61,9 @@ class VllmOptions:
     retries: int = 4
     timeout_s: float = 600.0
     backoff_s: float = 0.5
+    # An engine started with use_synchronization_lock false makes no .lock file: how long to wait
+    # for its file to appear and parse.
+    file_wait_s: float = 60.0
     # The engine's shared_storage_path as the client sees it, when mounted elsewhere: (engine, local).
     path_map: tuple[str, str] | None = None
     api_key: str | None = None
@@ -144,6 +158,64 @@ class _Retry(Exception):
     """A failure of one answer that a new request may not repeat."""
 
 
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    """Return the tensors of a safetensors file; _Retry when it is missing or unreadable."""
+    if not path.exists():
+        raise _Retry(f"the engine's file {path} is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _Retry(f"the engine's file {path} is truncated or unreadable ({exc})") from exc
+
+
+async def read_engine_file(path: Path, *, lock_wait_s: float, file_wait_s: float) -> dict[str, torch.Tensor]:
+    """Return the tensors of the engine's file once its writer is done with it (the shared lock
+    on `path + ".lock"`, waited for up to `lock_wait_s`; without a lock file, a file that parses
+    within `file_wait_s`). The file and its lock are removed afterwards, whatever happened: a
+    new request writes a new file."""
+    lock = Path(f"{path}.lock")
+    try:
+        if lock.exists():
+            return await _read_under_shared_lock(path, lock, lock_wait_s, file_wait_s)
+        return await _read_when_parsable(path, file_wait_s)
+    finally:
+        lock.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+
+async def _read_under_shared_lock(path: Path, lock: Path, lock_wait_s: float, file_wait_s: float) -> dict[str, torch.Tensor]:
+    deadline = time.monotonic() + lock_wait_s
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return await _read_when_parsable(path, file_wait_s)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise _Retry(f"the engine kept writing {path} for more than {lock_wait_s:.0f} s") from None
+                await asyncio.sleep(LOCK_POLL_S)
+        # the writer has let go of its exclusive lock: the file is whole, or it never will be
+        return _load(path)
+    finally:
+        os.close(fd)
+
+
+async def _read_when_parsable(path: Path, file_wait_s: float) -> dict[str, torch.Tensor]:
+    # Without a lock the only sign of a finished write is a file that parses whole.
+    deadline = time.monotonic() + file_wait_s
+    while True:
+        try:
+            return _load(path)
+        except _Retry:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(LOCK_POLL_S * 10)
+
+
 class VllmExtractor:
     """Drives one or more vLLM engines; validates each file; stores complete samples only."""
 
@@ -165,36 +237,44 @@ class VllmExtractor:
         """Return the sample captured by the engine at `url`; retry transient failures."""
         ids = s.input_ids.tolist()
         body = {"model": self.opts.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
-        last = ""
+        policy = http.RetryPolicy(self.opts.retries + 1, self.opts.backoff_s, http.RetryPolicy().max_delay_s)
         file_problem = False
-        for attempt in range(self.opts.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.opts.backoff_s * 2 ** (attempt - 1))
-            try:
-                resp = await client.post(f"{url}/v1/completions", json=body)
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code in TRANSIENT_STATUS:
-                last = f"HTTP {resp.status_code}"
-                continue
-            if resp.status_code >= 400:
-                raise EndpointError(f"{url} refused sample {s.id!r}: HTTP {resp.status_code} {resp.text[:200]}")
-            try:
-                return self.read_answer(resp.json(), s, ids)
-            except _Retry as exc:
-                last, file_problem = str(exc), True
-                continue
-        if file_problem:
-            # The engine answers but its files do not arrive whole: a setup fault every sample would hit.
-            raise _Fatal(
-                f"{last} (sample {s.id!r}, {self.opts.retries + 1} tries): start vLLM with the --kv-transfer-config "
-                "from --print-server-command and check that the shared directory's disk is not full; re-run to resume"
-            )
-        raise EndpointError(f"{url} failed sample {s.id!r} after {self.opts.retries + 1} tries ({last})")
 
-    def read_answer(self, data: dict[str, Any], s: PreparedSample, ids: list[int]) -> HiddenStateSample:
-        """Return the sample from an engine answer and its file; the file is removed once read."""
+        async def once(attempt: int) -> HiddenStateSample:
+            nonlocal file_problem
+            resp = await client.post(f"{url}/v1/completions", json=body)
+            resp.raise_for_status()
+            try:
+                data = resp.json()
+            except ValueError as exc:
+                raise _Retry(f"{url} answered something that is not JSON") from exc
+            try:
+                return await self.read_answer(data, s, ids)
+            except _Retry:
+                file_problem = True
+                raise
+
+        def classify(exc: Exception) -> http.Failure | None:
+            return http.Failure(str(exc), True) if isinstance(exc, _Retry) else http.httpx_failure(exc, f"{url}/v1/completions")
+
+        tries = f"{policy.max_attempts} tries"
+        try:
+            return await http.retrying(once, policy, classify)
+        except (_Retry, httpx.HTTPStatusError, httpx.TransportError) as exc:
+            last = classify(exc)
+            assert last is not None  # classify knows each of these
+            if file_problem:
+                # The engine answers but its files do not arrive whole: a setup fault every sample would hit.
+                raise _Fatal(
+                    f"{last.reason} (sample {s.id!r}, {tries}): start vLLM with the --kv-transfer-config "
+                    "from --print-server-command and check that the shared directory's disk is not full; re-run to resume"
+                ) from exc
+            if not last.transient:
+                raise EndpointError(f"{url} refused sample {s.id!r}: {last.reason}") from exc
+            raise EndpointError(f"{url} failed sample {s.id!r} after {tries} ({last.reason})") from exc
+
+    async def read_answer(self, data: dict[str, Any], s: PreparedSample, ids: list[int]) -> HiddenStateSample:
+        """Return the sample from an engine answer and its file; the file and its lock are removed once read."""
         choice = (data.get("choices") or [{}])[0]
         echoed = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
         if echoed is None:
@@ -217,14 +297,7 @@ class VllmExtractor:
                 f"the engine writes into {Path(engine_path).parent}, which is not visible here ({path.parent} missing): "
                 "mount its shared_storage_path on this machine, or pass --path-map ENGINE_DIR=LOCAL_DIR"
             )
-        if not path.exists():
-            raise _Retry(f"the engine's file {path} is missing")
-        try:
-            tensors = load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as exc:
-            path.unlink(missing_ok=True)
-            raise _Retry(f"the engine's file {path} is truncated or unreadable ({exc})") from exc
-        path.unlink(missing_ok=True)
+        tensors = await read_engine_file(path, lock_wait_s=self.opts.timeout_s, file_wait_s=self.opts.file_wait_s)
         return self.to_sample(tensors, s, ids, path)
 
     def to_sample(self, tensors: dict[str, torch.Tensor], s: PreparedSample, ids: list[int], path: Path) -> HiddenStateSample:
@@ -281,12 +354,16 @@ async def extract_vllm(
     """Capture every not-yet-stored record through the engines into the store; return the counts."""
     if not opts.endpoints:
         raise ConfigError("--backend vllm needs at least one --endpoint URL")
+    try:
+        opts = dataclasses.replace(opts, endpoints=[http.base_url(url) for url in opts.endpoints])
+    except ValueError as exc:
+        raise ConfigError(f"--endpoint {exc}") from exc
     stats = ExtractStats()
     start = time.perf_counter()
     extractor = VllmExtractor(opts, meta, norm)
-    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+    headers = http.bearer(opts.api_key)
     limits = httpx.Limits(max_connections=opts.concurrency * len(opts.endpoints) + 4)
-    timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
+    timeout = http.timeout(opts.timeout_s)
     with StoreWriter(out_dir, meta, writer_id="vllm") as writer:
         async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
             await check_endpoints(client, opts)

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import re
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
@@ -29,8 +30,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from curator import http
 from curator.errors import HubError
-from curator.llm import parse_retry_after
 from training.atomic import write_json
 
 VIEWER_URL_ENV = "CURATOR_VIEWER_URL"
@@ -42,6 +43,10 @@ CARD_CHARS = 20_000  # what a snapshot keeps of a card; tools truncate further f
 
 T = TypeVar("T")
 HUB_THREADS = 32  # blocking Hub calls in flight at once (ten agents search and read cards together)
+# The viewer's waits: 1 s doubling (1-8 s over the default 4 retries, as huggingface_hub waits
+# for the Hub API), or what its Retry-After asks for, up to a minute.
+VIEWER_BASE_DELAY_S = 1.0
+VIEWER_MAX_DELAY_S = 60.0
 
 
 class UnknownDatasetError(HubError):
@@ -298,20 +303,23 @@ class LiveHub(HubClient):
 
         # read the variables now rather than at huggingface_hub's import, so a caller (or test)
         # that sets HF_ENDPOINT after import is still honoured
-        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        try:
+            self.endpoint = http.base_url(endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+            self.viewer_url = http.base_url(viewer_url or os.environ.get(VIEWER_URL_ENV) or DEFAULT_VIEWER_URL)
+        except ValueError as exc:
+            raise HubError(f"Hub or viewer URL: {exc} (check HF_ENDPOINT and {VIEWER_URL_ENV})") from exc
         self._token = token or get_token()
-        self.viewer_url = (viewer_url or os.environ.get(VIEWER_URL_ENV) or DEFAULT_VIEWER_URL).rstrip("/")
         self.timeout = timeout
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
-        self.viewer_retries = viewer_retries
+        self.viewer_retry = http.RetryPolicy(viewer_retries + 1, VIEWER_BASE_DELAY_S, VIEWER_MAX_DELAY_S)
         self._api = HfApi(endpoint=self.endpoint, token=self._token)
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        self._http = httpx.AsyncClient(base_url=self.viewer_url, timeout=timeout, headers=headers)
+        self._http = httpx.AsyncClient(base_url=self.viewer_url, timeout=http.timeout(timeout), headers=http.bearer(self._token))
         # huggingface_hub blocks: its calls run on the hub's own threads, enough for ten agents'
         # searches and card reads at once whatever the event loop's default executor is.
         self._pool = ThreadPoolExecutor(max_workers=HUB_THREADS, thread_name_prefix="hub")
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        _keep_token_on_the_hub(self.endpoint)
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def aclose(self) -> None:
@@ -377,27 +385,18 @@ class LiveHub(HubClient):
         return DatasetCard.load(path).text[:CARD_CHARS]
 
     async def _viewer(self, path: str, **params: str) -> dict[str, Any]:
-        delay = 1.0
-        for attempt in range(self.viewer_retries + 1):
-            try:
-                response = await self._http.get(path, params=params)
-            except httpx.HTTPError as exc:
-                if attempt == self.viewer_retries:
-                    raise HubError(f"dataset viewer at {self.viewer_url} unreachable: {type(exc).__name__}") from exc
-            else:
-                if response.status_code == 200:
-                    return response.json()
-                if response.status_code not in (429, 500, 502, 503, 504) or attempt == self.viewer_retries:
-                    try:
-                        message = response.json().get("error", "")
-                    except ValueError:
-                        message = response.text[:200]
-                    raise HubError(f"dataset viewer {path} answered HTTP {response.status_code}: {message}")
-                asked = parse_retry_after(response.headers)
-                delay = delay if asked is None else min(max(asked, 0.0), 60.0)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 8.0)
-        raise HubError(f"dataset viewer {path} kept failing")
+        async def once(attempt: int) -> dict[str, Any]:
+            response = await self._http.get(path, params=params)
+            response.raise_for_status()
+            return response.json()
+
+        try:
+            return await http.retrying(once, self.viewer_retry, lambda exc: http.httpx_failure(exc, path))
+        except httpx.HTTPStatusError as exc:
+            status = exc.response.status_code
+            raise HubError(f"dataset viewer {path} answered HTTP {status}: {http.error_text(exc.response, 200)}") from exc
+        except httpx.HTTPError as exc:
+            raise HubError(f"dataset viewer at {self.viewer_url} unreachable: {type(exc).__name__}") from exc
 
     async def _fill_from_viewer(self, details: DatasetDetails) -> None:
         name = details.id
@@ -432,6 +431,27 @@ def _network_errors() -> tuple[type[Exception], ...]:
 
 
 _NETWORK_ERRORS = _network_errors()
+
+# The Hub endpoints this process was given a token for. huggingface_hub sends the token with
+# every request of a listing, including the `Link: next` pages, wherever they point; the hook
+# below drops it on any request to another origin (the page is still read, anonymously).
+_TOKEN_HOMES: set[str] = set()
+_TOKEN_HOOK = http.credentials_stay_home(lambda: tuple(_TOKEN_HOMES))
+_TOKEN_LOCK = threading.Lock()
+
+
+def _keep_token_on_the_hub(endpoint: str) -> None:
+    """Make huggingface_hub's shared session send the token to `endpoint` (and the other Hub
+    endpoints named so far) only. Called before each Hub call: the session is re-created after
+    a fork or a close, and the hook must be on the one in use."""
+    from huggingface_hub import constants, get_session
+
+    with _TOKEN_LOCK:
+        _TOKEN_HOMES.update((endpoint, constants.ENDPOINT))  # other users of huggingface_hub keep theirs
+        hooks = get_session().event_hooks
+        if _TOKEN_HOOK not in hooks["request"]:
+            hooks["request"] = [*hooks["request"], _TOKEN_HOOK]
+            get_session().event_hooks = hooks
 
 
 def apply_viewer_splits(details: DatasetDetails, splits: dict[str, Any], size: dict[str, Any] | None) -> None:

@@ -4,40 +4,38 @@ vLLM, ... through httpx).
 
 An agent keeps its conversation in the API's own shape; the client both calls the model and
 knows how to append the model's turn and the tool results to that conversation, so the agent
-loop never branches on which API it talks to. Both clients retry rate limits (429),
-overloads (529) and server errors (5xx) themselves, honouring `retry-after`, so that ten
-agents sharing one key back off instead of failing.
+loop never branches on which API it talks to. Both clients retry what curator/http.py calls
+transient (rate limits, overloads, server errors), honouring `retry-after`, so that ten agents
+sharing one key back off instead of failing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import os
-import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
+from curator import http
 from curator.errors import LLMError
+from curator.http import Failure, RetryHook, RetryPolicy
 
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 MODEL_ENV = "CURATOR_MODEL"
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 DEFAULT_TIMEOUT_S = 120.0
+# Ten agents share one key: wait longer than generation does (1 s doubling, up to a minute).
+DEFAULT_RETRY = RetryPolicy(max_attempts=8, base_delay_s=1.0, max_delay_s=60.0)
 
 MISSING_KEY_HELP = (
     "no Anthropic API key: set ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a proxy or gateway), "
     "or point the agents at an OpenAI-compatible server with --llm openai --base-url URL "
     "(e.g. the SGLang server running your target); --planner rules needs no model at all"
 )
-
-# Status codes worth waiting for: rate limit, timeouts, overload and other server-side trouble.
-RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
 @dataclass(frozen=True)
@@ -75,26 +73,6 @@ class ToolOutcome:
     is_error: bool = False
 
 
-@dataclass
-class RetryPolicy:
-    """How often and how long to wait on retryable failures."""
-
-    max_attempts: int = 8
-    base_delay_s: float = 1.0
-    max_delay_s: float = 60.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Return the seconds to wait before attempt `attempt + 1` (retry-after wins when given)."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_delay_s)
-        backoff = min(self.base_delay_s * (2 ** (attempt - 1)), self.max_delay_s)
-        # Full jitter so that agents throttled together do not come back together.
-        return backoff * (0.5 + random.random() / 2)
-
-
-RetryHook = Callable[[int, float, str], None]
-
-
 class LLMClient(Protocol):
     """The interface the agent loop uses, whatever API is behind it."""
 
@@ -128,28 +106,6 @@ class LLMClient(Protocol):
         ...
 
 
-def parse_retry_after(headers: httpx.Headers | Any) -> float | None:
-    """Return the wait a server asked for, in seconds, from retry-after-ms or retry-after; else None."""
-    if headers is None:
-        return None
-    value = headers.get("retry-after-ms")
-    if value:
-        try:
-            return float(value) / 1000.0
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
-            return None
-        return max(parsed.timestamp() - time.time(), 0.0)
-
-
 # -- Anthropic ---------------------------------------------------------------------------------
 
 
@@ -159,29 +115,34 @@ class _SharedMessages:
     retries: int  # how many calls were retried so far
     retry: RetryPolicy
 
-    def _classify(self, exc: BaseException) -> tuple[bool, float | None, str]:
+    def _classify(self, exc: Exception) -> Failure:
         raise NotImplementedError
 
     async def _with_retries(self, call: Callable[[], Any], on_retry: RetryHook | None) -> Any:
-        """Run `call` until it succeeds, retrying what `_classify` calls retryable; raise LLMError otherwise."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await call()
-            except (LLMError, asyncio.CancelledError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - _classify decides; anything unknown is re-raised below
-                retryable, retry_after, reason = self._classify(exc)
-                if not retryable:
-                    raise LLMError(reason) from exc
-                if attempt >= self.retry.max_attempts:
-                    raise LLMError(f"{reason} (gave up after {attempt} attempts)") from exc
-                wait = self.retry.delay(attempt, retry_after)
-                self.retries += 1
-                if on_retry is not None:
-                    on_retry(attempt, wait, reason)
-                await asyncio.sleep(wait)
+        """Return `call()`'s result, retrying what `_classify` calls transient; raise LLMError otherwise."""
+        attempts = 0
+
+        async def once(attempt: int) -> Any:
+            nonlocal attempts
+            attempts = attempt
+            return await call()
+
+        def hook(attempt: int, wait: float, reason: str) -> None:
+            self.retries += 1
+            if on_retry is not None:
+                on_retry(attempt, wait, reason)
+
+        def classify(exc: Exception) -> Failure | None:
+            return None if isinstance(exc, LLMError) else self._classify(exc)
+
+        try:
+            return await http.retrying(once, self.retry, classify, hook)
+        except (LLMError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one LLMError with its reason
+            failure = self._classify(exc)
+            gave_up = f" (gave up after {attempts} attempts)" if failure.transient else ""
+            raise LLMError(http.redact(failure.reason) + gave_up) from exc
 
     def user_message(self, text: str) -> list[dict[str, Any]]:
         """Return the messages that add a plain user message."""
@@ -213,7 +174,7 @@ class AnthropicClient(_SharedMessages):
         self._anthropic = anthropic
         self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_ANTHROPIC_MODEL
         self.max_output_tokens = max_output_tokens
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or DEFAULT_RETRY
         self.retries = 0
         kwargs: dict[str, Any] = {"max_retries": 0, "timeout": timeout_s}
         if api_key:
@@ -275,21 +236,21 @@ class AnthropicClient(_SharedMessages):
             raw={"role": "assistant", "content": content},
         )
 
-    def _classify(self, exc: BaseException) -> tuple[bool, float | None, str]:
+    def _classify(self, exc: Exception) -> Failure:
         a = self._anthropic
         if isinstance(exc, a.APIStatusError):
             status = exc.status_code
-            detail = (getattr(exc, "api_message", None) or str(exc)).splitlines()[0][:300]
+            detail = http.redact((getattr(exc, "api_message", None) or str(exc)).splitlines()[0])[:300]
             if status in (401, 403):
-                return False, None, f"Anthropic API refused the key (HTTP {status}): {detail}; check ANTHROPIC_API_KEY"
+                return Failure(f"Anthropic API refused the key (HTTP {status}): {detail}; check ANTHROPIC_API_KEY", False)
             if status == 404:
-                return False, None, f"Anthropic API: model {self.model!r} or endpoint not found (HTTP 404): {detail}"
-            if status in RETRYABLE_STATUS or status >= 500:
-                return True, parse_retry_after(exc.response.headers), f"Anthropic API HTTP {status}: {detail}"
-            return False, None, f"Anthropic API rejected the request (HTTP {status}): {detail}"
+                return Failure(f"Anthropic API: model {self.model!r} or endpoint not found (HTTP 404): {detail}", False)
+            if http.is_transient(status):
+                return Failure(f"Anthropic API HTTP {status}: {detail}", True, http.parse_retry_after(exc.response.headers))
+            return Failure(f"Anthropic API rejected the request (HTTP {status}): {detail}", False)
         if isinstance(exc, (a.APITimeoutError, a.APIConnectionError)):
-            return True, None, f"cannot reach the Anthropic API at {self._client.base_url}: {exc}"
-        return False, None, f"Anthropic client failed: {type(exc).__name__}: {exc}"
+            return Failure(f"cannot reach the Anthropic API at {self._client.base_url}: {exc}", True)
+        return Failure(f"Anthropic client failed: {type(exc).__name__}: {exc}", False)
 
     def tool_result_messages(self, outcomes: Sequence[ToolOutcome], note: str | None = None) -> list[dict[str, Any]]:
         """Return one user message holding a tool_result block per call (and the note as text)."""
@@ -309,14 +270,12 @@ class AnthropicClient(_SharedMessages):
 # -- OpenAI-compatible -------------------------------------------------------------------------
 
 
-def chat_completions_url(base_url: str) -> str:
-    """Return the chat-completions URL for a server base (`http://h:30000`, `.../v1` or the full URL)."""
-    url = base_url.rstrip("/")
-    if url.endswith("/chat/completions"):
-        return url
-    if url.endswith("/v1"):
-        return url + "/chat/completions"
-    return url + "/v1/chat/completions"
+def chat_completions_url(url: str) -> str:
+    """Return the chat-completions URL of a server given as its root, `.../v1` or the full URL."""
+    try:
+        return http.base_url(url) + "/v1/chat/completions"
+    except ValueError as exc:
+        raise LLMError(f"--base-url {exc}") from exc
 
 
 class OpenAIClient(_SharedMessages):
@@ -338,13 +297,11 @@ class OpenAIClient(_SharedMessages):
         self.model = model
         self.url = chat_completions_url(base_url)
         self.max_output_tokens = max_output_tokens
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or DEFAULT_RETRY
         self.retries = 0
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            headers=http.bearer(api_key or os.environ.get("OPENAI_API_KEY")),
+            timeout=http.timeout(timeout_s),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
 
@@ -429,20 +386,20 @@ class OpenAIClient(_SharedMessages):
             raw=raw,
         )
 
-    def _classify(self, exc: BaseException) -> tuple[bool, float | None, str]:
+    def _classify(self, exc: Exception) -> Failure:
         if isinstance(exc, httpx.HTTPStatusError):
             status = exc.response.status_code
-            detail = exc.response.text[:300].replace("\n", " ")
+            detail = http.error_text(exc.response)
             if status in (401, 403):
-                return False, None, f"{self.url} refused the key (HTTP {status}): {detail}; set OPENAI_API_KEY if it needs one"
+                return Failure(f"{self.url} refused the key (HTTP {status}): {detail}; set OPENAI_API_KEY if it needs one", False)
             if status == 404:
-                return False, None, f"{self.url} not found (HTTP 404): is --base-url right and is {self.model!r} served? {detail}"
-            if status in RETRYABLE_STATUS or status >= 500:
-                return True, parse_retry_after(exc.response.headers), f"{self.url} HTTP {status}: {detail}"
-            return False, None, f"{self.url} rejected the request (HTTP {status}): {detail}"
+                return Failure(f"{self.url} not found (HTTP 404): is --base-url right and is {self.model!r} served? {detail}", False)
+            if http.is_transient(status):
+                return Failure(f"{self.url} HTTP {status}: {detail}", True, http.parse_retry_after(exc.response.headers))
+            return Failure(f"{self.url} rejected the request (HTTP {status}): {detail}", False)
         if isinstance(exc, httpx.TransportError):
-            return True, None, f"cannot reach {self.url}: {type(exc).__name__}: {exc}"
-        return False, None, f"OpenAI-compatible client failed: {type(exc).__name__}: {exc}"
+            return Failure(f"cannot reach {self.url}: {type(exc).__name__}: {exc}", True)
+        return Failure(f"OpenAI-compatible client failed: {type(exc).__name__}: {exc}", False)
 
     def tool_result_messages(self, outcomes: Sequence[ToolOutcome], note: str | None = None) -> list[dict[str, Any]]:
         """Return one `tool` message per call (errors marked in the text), then the note as a user message."""
@@ -466,10 +423,12 @@ def make_client(
     api_key: str | None = None,
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
     retry: RetryPolicy | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> LLMClient:
     """Return the client for `kind` ("anthropic" or "openai"); LLMError with a fix when misconfigured."""
     if kind == "anthropic":
-        return AnthropicClient(model, api_key, base_url, max_output_tokens, retry)
+        return AnthropicClient(model, api_key, base_url, max_output_tokens, retry, timeout_s)
     if kind == "openai":
-        return OpenAIClient(model or os.environ.get(MODEL_ENV) or "", base_url or "", api_key, max_output_tokens, retry)
+        model = model or os.environ.get(MODEL_ENV) or ""
+        return OpenAIClient(model, base_url or "", api_key, max_output_tokens, retry, timeout_s)
     raise LLMError(f"unknown --llm {kind!r}; use anthropic or openai")

@@ -56,7 +56,7 @@ def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     for key, value in rows:
-        table.add_row(key, format_value(value))
+        table.add_row(key, Text(format_value(value)))  # values are data (paths, ids, errors), never markup
     return table
 
 
@@ -66,7 +66,7 @@ def rows_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str
     for col in columns:
         table.add_column(str(col))
     for row in rows:
-        table.add_row(*(format_value(v) for v in row))
+        table.add_row(*(Text(format_value(v)) for v in row))  # cells are data, never markup
     return table
 
 

@@ -284,3 +284,39 @@ def test_transformers_backend_reports_an_unloadable_model_in_one_line(tmp_path: 
     mix = write_mix(tmp_path / "mix", one_turn_rows(1))
     with pytest.raises(EndpointError, match="cannot load model"):
         generate(GenerateConfig(mix=mix, out=tmp_path / "out", model=str(tmp_path / "nothing"), backend="transformers"))
+
+
+def test_request_timeout_and_max_attempts_flags_bound_a_hung_server(tmp_path: Path) -> None:
+    mix = write_mix(tmp_path / "mix", one_turn_rows(2))
+    out = tmp_path / "out"
+    # answers the one-token start-up check at once, then hangs 30 s on every real request
+    hung = lambda req: 0.0 if req.get("max_tokens") == 1 else 30.0  # noqa: E731
+    with FakeOpenAIServer(latency=hung) as server:
+        code = main(["generate", "--mix", str(mix), "--out", str(out), "--model", "target", "--endpoint", server.url,
+                     "--request-timeout", "0.3", "--max-attempts", "2", "--concurrency", "2",
+                     "--catalog", str(tmp_path / "c.duckdb")])
+        chats = server.stats()["chat_requests"]
+    assert code == 0
+    errors = error_lines(out)
+    assert sorted(e["id"] for e in errors) == ["q0", "q1"]
+    assert all("timed out" in e["error"] and e["attempts"] == 2 for e in errors)
+    assert chats == 1 + 2 * 2  # the start-up check, then two tries per row
+
+
+def test_error_bodies_that_echo_a_key_are_stored_redacted(tmp_path: Path) -> None:
+    mix = write_mix(tmp_path / "mix", one_turn_rows(1))
+    out = tmp_path / "out"
+    key = "sk-proj-4f9KxW2mZq8RtY6uVb3NcL1pE7sA0dHj"
+    with FakeOpenAIServer(faults_by_marker={"q0": [403]}, fault_message=f"Incorrect API key provided: {key}. Authorization: Bearer {key}") as server:
+        generate(config(mix, out, server))
+    [err] = error_lines(out)
+    assert err["status"] == 403 and "[REDACTED]" in err["error"]
+    assert key not in (out / "errors.jsonl").read_text()
+
+
+def test_a_path_with_markup_is_printed_literally(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "[/x]" / "[bold]mix"
+    code = main(["generate", "--mix", str(odd), "--out", str(tmp_path / "out"), "--model", "target",
+                 "--endpoint", "http://127.0.0.1:9"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "[/x]/[bold]mix" in err and "MarkupError" not in err

@@ -126,3 +126,44 @@ def test_print_server_command_names_layers_connector_and_convention(
     assert main(["hidden-states", "--backend", "vllm", "--print-server-command", "--model", str(tiny_target),
                  "--no-final", "--layers", "1,3"]) == 0
     assert '"eagle_aux_hidden_state_layer_ids":[1,3]' in capsys.readouterr().out.replace("\n", "")
+
+
+def test_slow_engine_writes_are_waited_for_not_requested_again(tiny_target: Path, tmp_path: Path, target: tuple[Any, Any]) -> None:
+    model, tok = target
+    gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(4)])
+    meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
+    shared = tmp_path / "shared"
+    with FakeVllmServer(tiny_target, shared, ENGINE_LAYERS, served_name="tiny", write_delay_s=0.3) as server:
+        opts = VllmOptions([server.url + "/v1/"], "tiny", concurrency=2, backoff_s=0.01)
+        stats = asyncio.run(extract_vllm(opts, tok, iter_generation(gen), tmp_path / "s", meta,
+                                         norm=load_final_norm(tiny_target)))
+    assert stats.stored == 4 and stats.failed == 0
+    assert server.requests == 4  # one request per sample: no half-written file was asked for again
+    assert not list(shared.iterdir())  # every file and its .lock removed once read
+
+
+def test_reader_takes_the_shared_lock_before_reading(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    from safetensors.torch import save
+
+    from curator.hidden_vllm import read_engine_file
+
+    path = tmp_path / "cmpl-0.safetensors"
+    data = save({"hidden_states": torch.ones(3, 2, 4), "token_ids": torch.arange(3)})
+    lock_fd = os.open(f"{path}.lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the engine holds the lock while it writes
+    path.write_bytes(data[: len(data) // 2])
+
+    async def scenario() -> dict[str, torch.Tensor]:
+        reading = asyncio.create_task(read_engine_file(path, lock_wait_s=10, file_wait_s=10))
+        await asyncio.sleep(0.3)
+        assert not reading.done()  # half a file under an exclusive lock: the reader waits
+        path.write_bytes(data)
+        os.close(lock_fd)  # the engine's write is done
+        return await asyncio.wait_for(reading, 5)
+
+    tensors = asyncio.run(scenario())
+    assert torch.equal(tensors["token_ids"], torch.arange(3))
+    assert not path.exists() and not Path(f"{path}.lock").exists()

@@ -178,6 +178,24 @@ def test_hf_token_is_sent_to_hub_and_viewer(server, tmp_path, monkeypatch):
     assert server.auth and all(a == "Bearer hf_test_token" for a in server.auth)
 
 
+def test_token_is_not_sent_where_a_pagination_link_points_to_another_host(tmp_path):
+    many = [FakeDataset(f"org/set-{i:02d}", downloads=100 - i) for i in range(4)]
+    with FakeHubServer(many, page_size=2) as hub, FakeHubServer(many, page_size=2) as elsewhere:
+        hub.link_base = elsewhere.url  # the Hub's `Link: next` names another origin
+
+        async def go():
+            client = live(hub, tmp_path, token="hf_secretTokenValue0123456789")
+            try:
+                return await client.search("set", 4)
+            finally:
+                await client.aclose()
+
+        hits = asyncio.run(go())
+    assert [h.id for h in hits] == [f"org/set-{i:02d}" for i in range(4)]  # the next page was still read
+    assert hub.auth and all(a == "Bearer hf_secretTokenValue0123456789" for a in hub.auth)
+    assert elsewhere.auth and all(a is None for a in elsewhere.auth)  # ... without the token
+
+
 def test_env_vars_point_the_client_at_the_server(server, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.setenv("CURATOR_VIEWER_URL", server.url)

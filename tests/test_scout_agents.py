@@ -299,3 +299,89 @@ def test_scout_without_a_key_explains_both_options_and_touches_nothing(tmp_path,
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert "ANTHROPIC_API_KEY" in err and "--llm openai --base-url" in err
     assert not catalog_path.exists()
+
+
+def _scout_cli(llm: ScriptedLLMServer, catalog_path: Path, *extra: str) -> int:
+    from curator.cli import main
+
+    return main([
+        "scout", "--agents", "1", "--llm", "openai", "--base-url", llm.openai_url, "--model", "served-model",
+        "--hub", "bundled", "--catalog", str(catalog_path), "--no-live", "--agents-dir", str(AGENTS_DIR), *extra,
+    ])
+
+
+def test_model_error_with_markup_and_a_key_prints_literally_and_is_stored_redacted(tmp_path, capsys) -> None:
+    agent = briefs(1)[0].id
+    key = "sk-ant-api03-Zx81mQ2vB7nR4tY9uW0pL3sK6dF5gH1j"
+    message = f"upstream [/x] refused key {key} for [bold]{{agent}}"
+    catalog_path = tmp_path / "c.duckdb"
+    with ScriptedLLMServer(failing={agent: 400}, failure_message=message) as llm:
+        code = _scout_cli(llm, catalog_path, "--recipe-out", str(tmp_path / "r.yaml"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "MarkupError" not in err
+    assert "upstream [/x] refused key [REDACTED] for [bold]" in err  # literal, brackets and all
+    assert key not in err
+    _, rows = Catalog.open(catalog_path).query("SELECT state, error FROM scout_agents")
+    [(state, error)] = rows
+    assert state == "failed" and "[REDACTED]" in error and key not in error
+
+
+def test_request_timeout_and_max_attempts_flags_bound_a_hung_model(tmp_path, capsys) -> None:
+    import time
+
+    with ScriptedLLMServer(latency=3.0) as llm:
+        start = time.perf_counter()
+        code = _scout_cli(llm, tmp_path / "c.duckdb", "--request-timeout", "0.2", "--max-attempts", "2")
+        took = time.perf_counter() - start
+        requests = len(llm.bodies)
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "gave up after 2 attempts" in err
+    assert requests == 2 and took < 3.0  # two 0.2 s tries, not 8 of 120 s
+
+
+def _scout_process(llm: ScriptedLLMServer, catalog_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "curator", "scout", "--agents", "2", "--llm", "openai", "--base-url", llm.openai_url,
+         "--model", "served-model", "--hub", "bundled", "--catalog", str(catalog_path), "--no-live",
+         "--agents-dir", str(AGENTS_DIR), "--recipe-out", str(catalog_path.parent / "r.yaml")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for_running_row(proc, catalog_path: Path) -> str:
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        if catalog_path.exists():
+            _, rows = Catalog(catalog_path).query("SELECT run_id FROM scout_runs WHERE status = 'running'")
+            if rows:
+                return rows[0][0]
+        time.sleep(0.2)
+    raise AssertionError("the scout never started")
+
+
+@pytest.mark.parametrize(("signal_name", "status"), [("SIGKILL", "aborted"), ("SIGTERM", "cancelled")])
+def test_a_killed_scout_does_not_stay_running(tmp_path, signal_name, status) -> None:
+    import signal
+
+    from curator.cli import main
+
+    catalog_path = tmp_path / "c.duckdb"
+    with ScriptedLLMServer(latency=0.3, default_script=explorer(turns=12)) as llm:
+        proc = _scout_process(llm, catalog_path)
+        killed = _wait_for_running_row(proc, catalog_path)
+        proc.send_signal(getattr(signal, signal_name))
+        proc.wait(timeout=60)
+    # the next scout (here the rules planner, no model) finds the dead run and closes its row
+    assert main(["scout", "--planner", "rules", "--agents", "1", "--hub", "bundled", "--catalog", str(catalog_path),
+                 "--no-live", "--agents-dir", str(AGENTS_DIR), "--recipe-out", str(tmp_path / "r2.yaml")]) == 0
+    _, rows = Catalog.open(catalog_path).query("SELECT run_id, status FROM scout_runs ORDER BY started_at")
+    assert rows[0] == (killed, status)
+    assert rows[1][1] == "finished" and len(rows) == 2

@@ -265,3 +265,54 @@ def test_sink_must_be_started(tmp_path):
     sink = CatalogSink(Catalog.open(tmp_path / "c.duckdb"))
     with pytest.raises(CuratorError, match="not started"):
         asyncio.run(sink.dataset({"dataset_id": "a/b"}))
+
+
+SCOUT_WRITER = """
+import asyncio, sys, time
+from pathlib import Path
+from curator.catalog import Catalog
+from curator.scout.sink import CatalogSink
+
+async def main(path, name, seconds):
+    sink = CatalogSink(Catalog(Path(path), lock_wait_s=2.0))  # a short wait, so starvation shows within the test
+    await sink.start()
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:  # a steady stream of audit rows, as ten busy agents write
+        sink.log_tool_call("run-" + name, name, n, "search_datasets", {"query": "q"}, True, "ok", None, 1.0)
+        n += 1
+        await asyncio.sleep(0.002)
+    await sink.stop()
+    print(n, flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+SQL_LOOP = """
+import sys, time
+from pathlib import Path
+from curator.catalog import Catalog
+end, ok = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    Catalog(Path(sys.argv[1]), lock_wait_s=2.0).query("SELECT count(*) FROM tool_calls")
+    ok += 1
+print(ok, flush=True)
+"""
+
+
+def test_two_scout_writers_and_a_sql_loop_all_finish(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "catalog.duckdb"
+    Catalog.open(path)
+    procs = [subprocess.Popen([sys.executable, "-c", SCOUT_WRITER, str(path), name, "6"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    procs.append(subprocess.Popen([sys.executable, "-c", SQL_LOOP, str(path), "6"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err.strip().splitlines()[-1:]  # nobody was locked out
+    written = {name: int(out) for name, (out, _) in zip("ab", outs)}
+    assert int(outs[2][0]) >= 3  # the person's queries got their turns too
+    _, rows = Catalog.open(path).query("SELECT agent, count(*) FROM tool_calls GROUP BY agent ORDER BY agent")
+    assert dict(rows) == written  # every row of both scouts, none lost

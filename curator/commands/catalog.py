@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from curator.catalog import Catalog
 from curator.ui import console, rows_table, stdout, summary_table
@@ -104,7 +105,7 @@ def approve(
     """Approve a candidate for the mix."""
     row = Catalog.open(catalog).approve(candidate_id, samples)
     n = row["approved_samples"] if row["approved_samples"] is not None else row["suggested_samples"]
-    console.print(f"[green]approved[/] {candidate_id} {row['dataset_id']} ({n:,} samples)")
+    console.print(f"[green]approved[/] {candidate_id} {escape(row['dataset_id'])} ({n:,} samples)")
 
 
 @catalog_app.command("reject")
@@ -115,7 +116,7 @@ def reject(
 ) -> None:
     """Reject a candidate."""
     row = Catalog.open(catalog).reject(candidate_id, note)
-    console.print(f"[yellow]rejected[/] {candidate_id} {row['dataset_id']}")
+    console.print(f"[yellow]rejected[/] {candidate_id} {escape(row['dataset_id'])}")
 
 
 def register(app: typer.Typer) -> None:

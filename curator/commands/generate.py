@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from pydantic import ValidationError
 from rich.progress import Progress, TaskID, TextColumn
 
@@ -91,6 +92,14 @@ def generate_command(
         None, "--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {"enable_thinking": true}}\'.'
     ),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Try ids in errors.jsonl again."),
+    request_timeout: float = typer.Option(
+        1800.0, "--request-timeout", min=0.001,
+        help="Seconds one request may wait for its answer before it counts as a transient failure (retried).",
+    ),
+    max_attempts: int = typer.Option(
+        8, "--max-attempts", min=1,
+        help="Tries per request, the first included, before a transient failure is recorded in errors.jsonl.",
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N rows of the mix."),
     backend: str = typer.Option("openai", "--backend", help="openai (servers) or transformers (in-process)."),
     batch_size: int = typer.Option(16, "--batch-size", help="transformers backend: conversations per batch."),
@@ -104,6 +113,7 @@ def generate_command(
             mix=mix, out=out, model=model, endpoints=endpoint, backend=backend, concurrency=concurrency,
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_body=_parse_extra_body(extra_body),
             retry_errors=retry_errors, limit=limit, batch_size=batch_size, device=device, seed=seed,
+            request_timeout_s=request_timeout, max_attempts=max_attempts,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -117,7 +127,7 @@ def generate_command(
         with Catalog.open(catalog) as cat:
             cat.record_generation_run(stats.run_id, str(mix), str(out), model, stats.endpoints, stats.as_dict())
     except CatalogError as exc:
-        console.print(f"[yellow]warning:[/] the run is complete but was not recorded in the catalog: {exc}")
+        console.print(f"[yellow]warning:[/] the run is complete but was not recorded in the catalog: {escape(str(exc))}")
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, TaskID
 
 from curator.catalog import Catalog
@@ -87,10 +88,10 @@ def _render(manifest: dict, out: Path, mix_id: str) -> None:
     stdout.print(rows_table(SUMMARY_COLUMNS, rows, title=f"mix {manifest['name']}"))
     for s in manifest["sources"]:
         if s["skipped"]:
-            console.print(f"[yellow]skipped {s['name']}:[/] {s['skipped']}")
+            console.print(f"[yellow]skipped {escape(str(s['name']))}:[/] {escape(str(s['skipped']))}")
         if s["malformed_reasons"]:
             reasons = ", ".join(f"{k} ({v:,})" for k, v in s["malformed_reasons"].items())
-            console.print(f"[yellow]malformed in {s['name']}:[/] {reasons}", highlight=False)
+            console.print(f"[yellow]malformed in {escape(str(s['name']))}:[/] {escape(reasons)}", highlight=False)
     if manifest["duplicates"]:
         stdout.print(
             rows_table(

@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import signal
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from curator.catalog import Catalog
 from curator.errors import ConfigError, CuratorError
 from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
-from curator.llm import LLMClient, make_client
+from curator.llm import DEFAULT_RETRY, DEFAULT_TIMEOUT_S, LLMClient, make_client
 from curator.scout.agent import AgentBudget
 from curator.scout.briefs import Brief, categories, load_briefs, take
 from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
@@ -52,6 +55,14 @@ def scout(
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
     agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of briefs (default: $CURATOR_AGENTS_DIR or ./agents)."),
     live: bool = typer.Option(True, "--live/--no-live", help="Show the live table of agents."),
+    request_timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--request-timeout", min=0.001,
+        help="Seconds one model call may wait for its answer before it counts as a transient failure (retried).",
+    ),
+    max_attempts: int = typer.Option(
+        DEFAULT_RETRY.max_attempts, "--max-attempts", min=1,
+        help="Tries per model call, the first included, before the agent fails.",
+    ),
 ) -> None:
     """Run research agents on the Hub, record their finds in the catalog and propose a recipe."""
     all_briefs = load_briefs(agents_dir)
@@ -59,7 +70,10 @@ def scout(
     if agents is not None and agents > len(all_briefs):
         raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
     # the model client first: a missing key should fail before anything touches the Hub or catalog
-    client: LLMClient | None = make_client(llm.value, model, base_url) if planner is Planner.llm else None
+    retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
+    client: LLMClient | None = (
+        make_client(llm.value, model, base_url, retry=retry, timeout_s=request_timeout) if planner is Planner.llm else None
+    )
     hub_client = open_hub(hub)
     cat = Catalog.open(catalog)
     config = ScoutConfig(
@@ -69,9 +83,9 @@ def scout(
     run = ScoutRun(cat, hub_client, chosen, config, client, categories(all_briefs))
     try:
         asyncio.run(_run(run, hub_client, client))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         _print_summary(run, None)
-        console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {cat.path}")
+        console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {escape(str(cat.path))}")
         raise typer.Exit(130) from None
     recipe = _propose(cat, run, all_briefs, goal, target_samples, recipe_out)
     _print_summary(run, recipe)
@@ -81,6 +95,14 @@ def scout(
 
 
 async def _run(run: ScoutRun, hub: HubClient, client: LLMClient | None) -> None:
+    # SIGTERM (a scheduler, `kill`) ends the run as Ctrl-C does: agents cancelled, rows written,
+    # the run recorded as cancelled instead of left `running`.
+    main = asyncio.current_task()
+    assert main is not None
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    except (ValueError, RuntimeError):
+        pass  # not the main thread (a caller running the CLI in a thread): its own signals apply
     try:
         await run.run()
     finally:
@@ -127,7 +149,7 @@ def _print_summary(run: ScoutRun, recipe: Path | None) -> None:
         rows.append(("proposed recipe", str(recipe)))
     console.print(summary_table("scout", rows))
     for p in run.failed:
-        console.print(f"[red]{p.agent} failed:[/] {p.error}", highlight=False)
+        console.print(f"[red]{escape(p.agent)} failed:[/] {escape(p.error or '')}", highlight=False)
 
 
 def snapshot(
@@ -153,7 +175,7 @@ def snapshot(
         ("failed", len(summary.failed)), ("wall time (s)", round(summary.wall_s, 1)),
     ]))
     for line in summary.failed[:20]:
-        console.print(f"[yellow]failed:[/] {line}", highlight=False)
+        console.print(f"[yellow]failed:[/] {escape(line)}", highlight=False)
     if summary.datasets == 0:
         raise CuratorError("the snapshot holds no datasets; check HF_ENDPOINT/HF_TOKEN and the queries")
 

@@ -9,8 +9,8 @@ than many small ones (measured: ~250 vs ~1,500 requests/s at 64 in flight).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +18,12 @@ from typing import Any
 
 import httpx
 
+from curator import http
 from curator.errors import EndpointError
 from curator.generate.scheduler import Scheduler
+from curator.http import RetryPolicy
 
-# 408/409/425/429 and every 5xx are the server's trouble and pass; other 4xx (400 context too
-# long, 413, 422 ...) will fail again the same way.
-TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+DEFAULT_TIMEOUT_S = 1800.0  # a whole 4K-token answer of a large model under load
 
 
 @dataclass(frozen=True)
@@ -34,22 +34,6 @@ class SamplingParams:
     top_p: float | None = None
     max_tokens: int = 4096
     extra_body: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently transient failures are retried."""
-
-    max_attempts: int = 8
-    base_delay_s: float = 0.5
-    max_delay_s: float = 30.0
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Return the pause before attempt `attempt + 1`: the server's Retry-After when it
-        sent one, else exponential backoff with jitter (so retries of many requests spread)."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_delay_s)
-        return min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
 
 @dataclass
@@ -70,7 +54,7 @@ class RequestError(EndpointError):
     """A chat request failed; `permanent` says whether trying again can help."""
 
     def __init__(self, message: str, *, status: int | None, permanent: bool, endpoint: str, attempts: int = 1):
-        super().__init__(message)
+        super().__init__(http.redact(message))  # the message goes to errors.jsonl: no key in it
         self.status = status
         self.permanent = permanent
         self.endpoint = endpoint
@@ -81,12 +65,10 @@ class RequestError(EndpointError):
 def normalize_base_url(url: str) -> str:
     """Return the endpoint's root URL: 'http://h:30000/v1/' and 'http://h:30000' both give
     'http://h:30000' (requests add /v1/...)."""
-    base = url.strip().rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")]
-    if not base.startswith(("http://", "https://")):
-        raise EndpointError(f"endpoint {url!r} is not an http(s) URL (expected e.g. http://host:30000)")
-    return base
+    try:
+        return http.base_url(url)
+    except ValueError as exc:
+        raise EndpointError(f"endpoint {exc}") from exc
 
 
 def split_reasoning(content: str | None, reasoning: str | None) -> tuple[str, str | None]:
@@ -134,37 +116,14 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
         ) from exc
 
 
-def _error_text(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:300]
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict):
-            return str(err.get("message") or err)[:500]
-        return str(body.get("message") or err)[:500]
-    return str(body)[:300]
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None  # an HTTP date; fall back to our own backoff
-
-
 class EndpointClient:
     """One OpenAI-compatible server: `slots` one-connection httpx clients."""
 
-    def __init__(self, url: str, slots: int, *, timeout_s: float = 1800.0, api_key: str | None = None) -> None:
+    def __init__(self, url: str, slots: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None) -> None:
         self.url = normalize_base_url(url)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = http.bearer(api_key)
         # Reads may take as long as a whole 4K-token answer; connects and writes must not hang.
-        timeout = httpx.Timeout(timeout_s, connect=30.0, write=60.0, pool=None)
+        timeout = http.timeout(timeout_s, connect_s=30.0)
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         # One TLS context for all slots: building one reads the CA bundle (~50 ms each).
         tls = httpx.create_ssl_context()
@@ -194,10 +153,10 @@ class EndpointClient:
         if response.status_code != 200:
             status = response.status_code
             err = RequestError(
-                f"HTTP {status}: {_error_text(response)}", status=status,
-                permanent=400 <= status < 500 and status not in TRANSIENT_4XX, endpoint=self.url,
+                f"HTTP {status}: {http.error_text(response, 500)}", status=status,
+                permanent=not http.is_transient(status), endpoint=self.url,
             )
-            err.retry_after = _retry_after(response)
+            err.retry_after = http.parse_retry_after(response.headers)
             raise err
         try:
             payload = response.json()
@@ -216,7 +175,7 @@ class EndpointClient:
             raise EndpointError(f"endpoint {self.url} is not reachable ({type(exc).__name__}: {exc})") from exc
         if response.status_code != 200:
             raise EndpointError(f"endpoint {self.url} answered HTTP {response.status_code} to GET /v1/models: "
-                                f"{_error_text(response)}")
+                                f"{http.error_text(response, 500)}")
         try:
             served = [str(m["id"]) for m in response.json()["data"]]
         except (ValueError, KeyError, TypeError) as exc:
@@ -226,15 +185,11 @@ class EndpointClient:
         body = {**extra_body, "model": model, "messages": [{"role": "user", "content": "Say OK."}],
                 "max_tokens": 1, "temperature": 0.0, "stream": False}
         # A busy server may shed load (429/503) for a moment; only a lasting failure is fatal.
-        attempts = min(3, retry.max_attempts)
-        for attempt in range(1, attempts + 1):
-            try:
-                await self.chat(0, body)
-                return
-            except RequestError as exc:
-                if exc.permanent or attempt == attempts:
-                    raise EndpointError(f"endpoint {self.url} failed a one-token request for {model!r}: {exc}") from exc
-                await asyncio.sleep(retry.delay(attempt, exc.retry_after))
+        policy = dataclasses.replace(retry, max_attempts=min(3, retry.max_attempts))
+        try:
+            await http.retrying(lambda attempt: self.chat(0, body), policy, _failure)
+        except RequestError as exc:
+            raise EndpointError(f"endpoint {self.url} failed a one-token request for {model!r}: {exc}") from exc
 
 
 class OpenAIBackend:
@@ -248,7 +203,7 @@ class OpenAIBackend:
         *,
         concurrency: int = 64,
         retry: RetryPolicy = RetryPolicy(),
-        timeout_s: float = 1800.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if not urls:
             raise EndpointError("no endpoint given (pass --endpoint http://host:port)")
@@ -314,23 +269,30 @@ class OpenAIBackend:
         RequestError when the failure is permanent or the attempts are spent."""
         body = self.body(messages)
         avoid: str | None = None
-        attempt = 0
-        while True:
-            attempt += 1
+
+        async def once(attempt: int) -> Completion:
+            nonlocal avoid
             lease = await self.scheduler.acquire(prefer=None if avoid else prefer, avoid=avoid)
             try:
                 completion = await self.endpoints[lease.endpoint].chat(lease.slot, body)
             except RequestError as exc:
                 exc.attempts = attempt
                 self.errors_by_endpoint[lease.endpoint] += 1
-                if exc.permanent or attempt == self.retry.max_attempts:
-                    raise
                 avoid = lease.endpoint
-                delay = self.retry.delay(attempt, exc.retry_after)
-            else:
-                completion.attempts = attempt
-                return completion
+                raise
             finally:
                 self.scheduler.release(lease)
+            completion.attempts = attempt
+            return completion
+
+        def count_retry(attempt: int, wait: float, reason: str) -> None:
             self.retries += 1
-            await asyncio.sleep(delay)
+
+        return await http.retrying(once, self.retry, _failure, count_retry)
+
+
+def _failure(exc: Exception) -> http.Failure | None:
+    """Return how a failed chat request is handled (None: not a request failure, re-raise it)."""
+    if isinstance(exc, RequestError):
+        return http.Failure(str(exc), not exc.permanent, exc.retry_after)
+    return None

@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from curator.catalog import AgentAccount, Catalog
+from curator.catalog import AgentAccount, Catalog, new_run_id
 from curator.errors import CuratorError
 from curator.hub import HubClient
 from curator.llm import LLMClient
@@ -34,6 +35,7 @@ from curator.scout.agent import (
     run_agent,
 )
 from curator.scout.briefs import Brief
+from curator.scout.lease import RunLease, is_alive
 from curator.scout.sink import CatalogSink
 from curator.scout.tools import AgentToolbox
 from curator.ui import console as default_console
@@ -147,7 +149,14 @@ class ScoutRun:
         """Run every agent to its end; return self. Cancellation records what was done, then propagates."""
         cfg = self.config
         self.started = time.perf_counter()
-        self.run_id = await asyncio.to_thread(self.catalog.start_scout_run, cfg.goal, cfg.planner, cfg.model, len(self.briefs))
+        self.run_id = new_run_id("scout")
+        self._lease = RunLease(self.catalog.path, self.run_id)
+        self._lease.hold()  # before the row says running, so that no other scout takes it for dead
+        try:
+            await asyncio.to_thread(self._start_row)
+        except BaseException:
+            self._lease.release()
+            raise
         sink = CatalogSink(self.catalog)
         await sink.start()
         self.status = "running"
@@ -161,8 +170,9 @@ class ScoutRun:
                 live.start()
             await self._wait(tasks, live)
             self.status = "failed" if len(self.failed) == len(self.progress) else "finished"
-        except BaseException:
-            self.status = "cancelled"
+        except BaseException as exc:
+            cancelled = isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit))
+            self.status = "cancelled" if cancelled else "failed"
             for task in tasks:
                 task.cancel()
             # let every agent mark itself cancelled before its row is written
@@ -170,11 +180,22 @@ class ScoutRun:
             raise
         finally:
             self.ended = time.perf_counter()
-            await self._record(sink)
-            if live is not None:
-                live.update(self.render())
-                live.stop()
+            try:
+                await self._record(sink)
+            finally:
+                # a row left `running` by a failed last write is marked aborted by the next scout
+                self._lease.release()
+                if live is not None:
+                    live.update(self.render())
+                    live.stop()
         return self
+
+    def _start_row(self) -> None:
+        cfg = self.config
+        with self.catalog.session():  # one open of the file for the check and the insert
+            stale = [r for r in self.catalog.running_scout_runs() if not is_alive(self.catalog.path, r)]
+            self.catalog.abort_scout_runs(stale)
+            self.catalog.start_scout_run(cfg.goal, cfg.planner, cfg.model, len(self.briefs), run_id=self.run_id)
 
     async def _wait(self, tasks: list[asyncio.Task], live: Live | None) -> None:
         pending = set(tasks)
@@ -241,21 +262,23 @@ class ScoutRun:
         budget = self.config.budget.max_turns
         for p in self.progress:
             state = p.state if not p.error else f"{p.state}: {p.error[:60]}"
+            # Cells are Text, not markup: an error, a brief's title or a Hub id may hold "[...]".
             agents.add_row(
-                p.agent, p.domain[:40], f"{p.turn}/{budget}" if self.config.planner == "llm" else str(p.turn),
+                Text(p.agent), Text(p.domain[:40]), f"{p.turn}/{budget}" if self.config.planner == "llm" else str(p.turn),
                 str(p.searches), str(p.inspections), str(p.candidates), f"{p.tokens:,}", _styled_state(p.state, state),
             )
         top = Table(title="top candidates", title_justify="left")
         for col in ("dataset", "category", "relevance", "samples", "agents"):
             top.add_column(col)
         for row in self.top_candidates():
-            top.add_row(row["dataset_id"], row["category"], f"{row['relevance']:.2f}", f"{row['samples']:,}", ", ".join(row["agents"]))
+            top.add_row(Text(row["dataset_id"]), Text(row["category"]), f"{row['relevance']:.2f}", f"{row['samples']:,}",
+                        Text(", ".join(row["agents"])))
         return Group(agents, top)
 
 
-def _styled_state(state: str, text: str) -> str:
+def _styled_state(state: str, text: str) -> Text:
     colour = {FINISHED: "green", FAILED: "red", CANCELLED: "yellow", RUNNING: "cyan", "retrying": "magenta"}.get(state, "white")
-    return f"[{colour}]{text}[/]"
+    return Text(text, style=colour)
 
 
 async def run_scout(

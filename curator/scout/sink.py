@@ -10,13 +10,15 @@ agent that enqueued it is cancelled afterwards; `stop()` drains the queue before
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from curator.catalog import AgentAccount, Catalog
-from curator.errors import CuratorError
+from curator.errors import CatalogLockedError, CuratorError
+from curator.http import redact
 
 T = TypeVar("T")
 
@@ -41,8 +43,13 @@ class SinkStats:
 class CatalogSink:
     """The one writer of a scout run's catalog rows."""
 
-    def __init__(self, catalog: Catalog, batch_max: int = 500, idle_release_s: float = 0.5, max_hold_s: float = 2.0) -> None:
+    def __init__(
+        self, catalog: Catalog, batch_max: int = 100, idle_release_s: float = 0.5, max_hold_s: float = 2.0,
+        lock_attempts: int = 3, min_hold_s: float = 0.25,
+    ) -> None:
         self.catalog = catalog
+        self.min_hold_s = min_hold_s
+        self.lock_attempts = lock_attempts
         self.batch_max = batch_max
         self.idle_release_s = idle_release_s
         self.max_hold_s = max_hold_s
@@ -111,6 +118,7 @@ class CatalogSink:
         latency_ms: float,
     ) -> None:
         """Enqueue one audit-log row without suspending (safe to call while a task is being cancelled)."""
+        error = redact(error) if error else error  # a server's error body may echo a key
         self._put(_Job("tool_call", (run_id, agent, turn, tool, arguments, ok, result_summary, error, latency_ms)))
 
     async def dataset(self, info: dict[str, Any]) -> None:
@@ -126,7 +134,9 @@ class CatalogSink:
         self._put(_Job("dataset", dict(info)))
 
     async def agent(self, row: AgentAccount) -> None:
-        """Enqueue one agent's accounting row (`scout_agents`; insert or replace)."""
+        """Enqueue one agent's accounting row (`scout_agents`; insert or replace), its error redacted of keys."""
+        if row.error:
+            row = dataclasses.replace(row, error=redact(row.error))
         self._put(_Job("agent", row))
 
     async def call(self, fn: Callable[[Catalog], T]) -> T:
@@ -145,10 +155,9 @@ class CatalogSink:
         while True:
             item = await self._queue.get()
             # Hold the file while writes keep coming (opening it costs ~0.1 s a time), but let go
-            # when the queue is idle or after max_hold_s, so that a person's `curator sql` during
-            # a long run gets its turn.
-            session = self.catalog.session()
-            await asyncio.to_thread(session.__enter__)
+            # when the queue is idle, after max_hold_s, or after min_hold_s when another process
+            # waits, so that a person's `curator sql` or a second scout gets its turn.
+            session = await self._open_session()
             held_since = time.monotonic()
             try:
                 while True:
@@ -159,7 +168,8 @@ class CatalogSink:
                     await self._write([job for job in batch if job is not _STOP])
                     if stop:
                         return
-                    if time.monotonic() - held_since > self.max_hold_s:
+                    held = time.monotonic() - held_since
+                    if held > self.max_hold_s or (held > self.min_hold_s and self.catalog.others_waiting()):
                         break
                     try:
                         item = await asyncio.wait_for(self._queue.get(), self.idle_release_s)
@@ -167,6 +177,20 @@ class CatalogSink:
                         break
             finally:
                 session.__exit__(None, None, None)
+
+    async def _open_session(self) -> Any:
+        # One process keeping the file past the catalog's wait (a duckdb shell left open) costs
+        # this run a few more waits, not its rows: the queue is kept while it tries again.
+        attempt = 1
+        while True:
+            session = self.catalog.session()
+            try:
+                await asyncio.to_thread(session.__enter__)
+                return session
+            except CatalogLockedError:
+                if attempt >= self.lock_attempts:
+                    raise
+                attempt += 1
 
     async def _write(self, batch: list[_Job]) -> None:
         # The whole batch runs in one worker-thread call over one held connection: opening the

@@ -15,7 +15,8 @@ Dataset viewer (same server, so point CURATOR_VIEWER_URL at `url`):
 
 Every request is counted in `hits` by (method, path), so tests can prove that a cache worked;
 `fail_next(prefix, statuses)` makes the next requests under a path fail (e.g. a 429 first).
-`delay_s` adds latency to every answer (for benchmarks). Stdlib only:
+`delay_s` adds latency to every answer (for benchmarks); `link_base` makes the `Link: next`
+pages point at another server (a hostile or misconfigured Hub). Stdlib only:
 
     with FakeHubServer(datasets) as hub:
         HfApi(endpoint=hub.url); LiveHub(endpoint=hub.url, viewer_url=hub.url)
@@ -122,6 +123,7 @@ class FakeHubServer:
         self.datasets = {d.id: d for d in datasets}
         self.page_size = page_size
         self.delay_s = delay_s
+        self.link_base: str | None = None  # where `Link: next` points (default: this server)
         self.hits: Counter[tuple[str, str]] = Counter()
         self.auth: list[str | None] = []
         self._failures: dict[str, list[int]] = defaultdict(list)
@@ -267,7 +269,7 @@ class FakeHubServer:
         if cursor + page < len(items) and (not limit or cursor + page < limit):
             params = {k: v for k, v in q.items() if k != "cursor"}
             params["cursor"] = [str(cursor + page)]
-            headers["Link"] = f'<{self.url}/api/datasets?{urlencode(params, doseq=True)}>; rel="next"'
+            headers["Link"] = f'<{self.link_base or self.url}/api/datasets?{urlencode(params, doseq=True)}>; rel="next"'
         self._send_json(h, method, 200, body, headers)
 
     def _item(self, d: FakeDataset, full: bool, expand: list[str] | None = None) -> dict[str, Any]:

@@ -211,7 +211,8 @@ class ScriptedLLMServer:
     latency: seconds each answer takes. scripts: agent id -> Script (default `explorer()`).
     rate_limited: agent id -> how many of its first requests get a 429 with `retry_after`.
     overloaded: agent id -> how many of its first requests get a 529 overloaded_error.
-    failing: agent id -> HTTP status every request of that agent gets (e.g. 400, 500).
+    failing: agent id -> HTTP status every request of that agent gets (e.g. 400, 500), with
+    `failure_message` as the error's text ({agent} filled in), e.g. one that echoes a key.
     """
 
     def __init__(
@@ -223,6 +224,7 @@ class ScriptedLLMServer:
         rate_limited: dict[str, int] | None = None,
         overloaded: dict[str, int] | None = None,
         failing: dict[str, int] | None = None,
+        failure_message: str = "scripted failure for {agent}",
         retry_after: float = 0.2,
         api_key: str = API_KEY,
         model: str = "scripted-model",
@@ -233,6 +235,7 @@ class ScriptedLLMServer:
         self.rate_limited = dict(rate_limited or {})
         self.overloaded = dict(overloaded or {})
         self.failing = dict(failing or {})
+        self.failure_message = failure_message
         self.retry_after = retry_after
         self.api_key = api_key
         self.model = model
@@ -338,7 +341,10 @@ class ScriptedLLMServer:
         for key, value in headers.items():
             handler.send_header(key, value)
         handler.end_headers()
-        handler.wfile.write(data)
+        try:
+            handler.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up waiting (a timeout test)
         with self._lock:
             self.log.append(RequestRecord(api, agent, turn, start, time.perf_counter(), status))
 
@@ -356,7 +362,8 @@ class ScriptedLLMServer:
             n = self._seen[agent]
         if agent in self.failing:
             status = self.failing[agent]
-            raise _Rejected(status, "invalid_request_error" if status < 500 else "api_error", f"scripted failure for {agent}")
+            kind = "invalid_request_error" if status < 500 else "api_error"
+            raise _Rejected(status, kind, self.failure_message.replace("{agent}", agent))
         if n <= self.rate_limited.get(agent, 0):
             raise _Rejected(429, "rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit", {"retry-after": f"{self.retry_after:g}"})
         if n - self.rate_limited.get(agent, 0) <= self.overloaded.get(agent, 0):

@@ -79,6 +79,7 @@ class FakeOpenAIServer:
         faults: Sequence[int | str] = (),
         faults_by_marker: dict[str, Sequence[int | str]] | None = None,
         poison: str = "POISON",
+        fault_message: str = "scripted {status}",
         reasoning: str = "none",
         record: bool = True,
         port: int = 0,
@@ -88,6 +89,7 @@ class FakeOpenAIServer:
         self.model = model
         self.latency = latency
         self.poison = poison
+        self.fault_message = fault_message  # the error text of a scripted fault ({status} filled in)
         self.reasoning = reasoning
         self.record = record
         self.port = port
@@ -255,7 +257,8 @@ class FakeOpenAIServer:
             if fault is not None:
                 status = int(fault)
                 extra = {"Retry-After": "0"} if status == 429 else {}
-                return self._status(status), {"error": {"message": f"scripted {status}", "code": status}}, extra
+                message = self.fault_message.replace("{status}", str(status))
+                return self._status(status), {"error": {"message": message, "code": status}}, extra
             if self.poison and self.poison in last_user:
                 return self._status(400), {
                     "object": "error", "type": "BadRequestError", "code": 400,

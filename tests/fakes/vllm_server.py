@@ -1,9 +1,13 @@
 """A local server on 127.0.0.1 that plays vLLM's part in `extract_hidden_states` mode, for tests.
 
 It tokenises nothing: /v1/completions takes the prompt as token ids, runs a transformers model on
-exactly those ids, writes {hidden_states [seq, n_layers, H] (bf16, the model's serving dtype),
-token_ids [seq]} as safetensors into its shared directory, and answers like vLLM with
-`kv_transfer_params.hidden_states_path` and `choices[0].prompt_token_ids`.
+exactly those ids, and answers like vLLM with `kv_transfer_params.hidden_states_path` and
+`choices[0].prompt_token_ids`. As vLLM's ExampleHiddenStatesConnector does, it creates
+`path + ".lock"` holding an exclusive flock before it answers, and writes {hidden_states
+[seq, n_layers, H] (bf16, the model's serving dtype), token_ids [seq]} as safetensors into its
+shared directory AFTER the answer has gone, on another thread (`write_delay_s` later), releasing
+the lock once the file is whole. A reader that does not wait for the lock sees no file, or half
+of one.
 
 Layer ids follow vLLM: id L < N is the residual stream entering layer L (transformers'
 hidden_states[L]); id N is the last layer's output before the final norm. The states are computed
@@ -17,16 +21,19 @@ a path under a directory the client cannot see), "flaky" (503 on the first `flak
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
+import os
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 from transformers import AutoModelForCausalLM
 
 
@@ -42,6 +49,7 @@ class FakeVllmServer:
         served_name: str | None = None,
         fault: str | None = None,
         flaky: int = 0,
+        write_delay_s: float = 0.05,
     ) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.shared = Path(shared_dir)
@@ -50,6 +58,8 @@ class FakeVllmServer:
         self.served_name = served_name or str(model_dir)
         self.fault = fault
         self.flaky = flaky
+        self.write_delay_s = write_delay_s
+        self.writers: list[threading.Thread] = []
         self.requests = 0
         self.prompts: list[list[int]] = []
         self._ids = itertools.count()
@@ -86,8 +96,12 @@ class FakeVllmServer:
                 if self.path != "/v1/completions":
                     self._send(404, {"error": {"message": "not found"}})
                     return
-                status, answer = server.complete(body)
+                status, answer, write = server.complete(body)
                 self._send(status, answer)
+                if write is not None:  # as vLLM: the file is written after the answer has gone
+                    writer = threading.Thread(target=write, daemon=True)
+                    server.writers.append(writer)
+                    writer.start()
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -96,6 +110,8 @@ class FakeVllmServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for writer in self.writers:
+            writer.join(timeout=10)
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -114,19 +130,19 @@ class FakeVllmServer:
         picked = [last["out"][0] if i == n else out.hidden_states[i][0] for i in self.layer_ids]
         return torch.stack(picked, dim=1).to(torch.bfloat16)
 
-    def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Return (status, answer) for a completions request."""
+    def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], Callable[[], None] | None]:
+        """Return (status, answer, the file write to run once the answer is sent)."""
         with self._lock:
             self.requests += 1
             n_req = self.requests
             rid = next(self._ids)
         if n_req <= self.flaky:
-            return 503, {"error": {"message": "engine busy"}}
+            return 503, {"error": {"message": "engine busy"}}, None
         if body.get("model") != self.served_name:
-            return 404, {"error": {"message": f"model {body.get('model')} does not exist"}}
+            return 404, {"error": {"message": f"model {body.get('model')} does not exist"}}, None
         ids = body.get("prompt")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return 400, {"error": {"message": "this fake takes token ids only"}}
+            return 400, {"error": {"message": "this fake takes token ids only"}}, None
         with self._lock:
             self.prompts.append(list(ids))
         with self._model_lock:
@@ -134,11 +150,27 @@ class FakeVllmServer:
         if self.fault == "wrong_layers":
             hs = hs[:, :-1]
         path = self.shared / f"cmpl-{rid}.safetensors"
-        if self.fault != "missing":
-            save_file({"hidden_states": hs.contiguous(), "token_ids": torch.tensor(ids)}, str(path))
-        if self.fault == "truncate":
-            data = path.read_bytes()
-            path.write_bytes(data[: len(data) // 2])
+        # the lock exists, held, before the client can learn the path
+        lock_fd = os.open(f"{path}.lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+
+        def write() -> None:
+            try:
+                time.sleep(self.write_delay_s)
+                if self.fault == "missing":
+                    return
+                tensors = {"hidden_states": hs.contiguous(), "token_ids": torch.tensor(ids)}
+                with open(path, "wb") as f:  # in place and in pieces, as a large write is seen by a reader
+                    data = save(tensors)
+                    cut = len(data) // 2
+                    f.write(data[:cut])
+                    f.flush()
+                    time.sleep(self.write_delay_s)
+                    if self.fault != "truncate":
+                        f.write(data[cut:])
+            finally:
+                os.close(lock_fd)  # releases the exclusive lock
+
         reported = str(path)
         if self.fault == "hidden_dir":
             reported = f"/nonexistent-engine-volume/{path.name}"
@@ -153,4 +185,4 @@ class FakeVllmServer:
             "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1},
             "kv_transfer_params": {"hidden_states_path": reported},
         }
-        return 200, answer
+        return 200, answer, write

@@ -1,0 +1,240 @@
+"""The data side's one HTTP layer: which failures are worth another try, how long to wait,
+what a server's Retry-After means, what a base URL is, the default timeouts, where a credential
+may go, and how an error body is cleaned of secrets before anyone stores it.
+
+Every client of the data side uses it: the agents' model clients (`curator/llm.py`, the
+Anthropic SDK and OpenAI-compatible servers), generation (`curator/generate/client.py`), the
+vLLM hidden-state client (`curator/hidden_vllm.py`) and the Hub client (`curator/hub.py`).
+docs/http.md states the contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+T = TypeVar("T")
+
+# Transient statuses: the server's state, not the request, made it fail, so the same request
+# can succeed later.
+# - 408 Request Timeout, 425 Too Early (a TLS 0-RTT replay refused: the RFC says send it again),
+#   429 Too Many Requests: all three mean "again, later".
+# - 409 Conflict: the Anthropic and OpenAI SDKs retry it (their APIs answer 409 on a lock or
+#   concurrent-modification race); every request this layer sends is idempotent, so a retry is safe.
+# - 5xx: overloads (503, 529 Anthropic "overloaded"), crashed or restarting workers behind a
+#   proxy (500, 502, 504, Cloudflare's 520-524), except those that describe the server itself
+#   and will answer the same every time: 501 Not Implemented (the dataset viewer's answer for a
+#   dataset it cannot serve), 505 HTTP Version Not Supported, 506, 508 (a configuration loop),
+#   510 Not Extended, 511 Network Authentication Required (a captive portal wants a login).
+# Everything else (400, 401, 403, 404, 413, 422, ...) fails the same way on every try.
+PERMANENT_5XX = frozenset({501, 505, 506, 508, 510, 511})
+TRANSIENT_STATUSES = frozenset({408, 409, 425, 429} | set(range(500, 600)) - PERMANENT_5XX)
+
+# Connects and writes must not hang; reads get what the caller's work needs (a long answer).
+CONNECT_TIMEOUT_S = 10.0
+WRITE_TIMEOUT_S = 60.0
+
+
+def is_transient(status: int) -> bool:
+    """Return whether an HTTP status is worth retrying (see TRANSIENT_STATUSES)."""
+    return status in TRANSIENT_STATUSES
+
+
+def timeout(read_s: float, *, connect_s: float = CONNECT_TIMEOUT_S, write_s: float = WRITE_TIMEOUT_S) -> httpx.Timeout:
+    """Return the httpx timeouts for a client whose answers may take `read_s` seconds."""
+    # No pool timeout: callers bound the requests in flight themselves (slots, semaphores).
+    return httpx.Timeout(read_s, connect=min(connect_s, read_s), write=write_s, pool=None)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently transient failures are retried (the defaults: 8 tries,
+    0.5 s doubling, at most 30 s apart)."""
+
+    max_attempts: int = 8
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Return the pause before attempt `attempt + 1`: the server's Retry-After when it sent
+        one, else exponential backoff with jitter; never more than max_delay_s."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_delay_s)
+        backoff = min(self.base_delay_s * 2 ** (attempt - 1), self.max_delay_s)
+        # Jitter, so that requests throttled together do not all come back together.
+        return backoff * random.uniform(0.5, 1.0)
+
+
+def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Return the wait a server asked for, in seconds (retry-after-ms, or Retry-After as seconds
+    or an HTTP-date); None when it asked for none or wrote something unreadable."""
+    if headers is None:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(float(value) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = (headers.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one failed attempt should be handled: `reason` in the user's words."""
+
+    reason: str
+    transient: bool
+    retry_after: float | None = None
+
+
+RetryHook = Callable[[int, float, str], None]
+
+
+async def retrying(
+    attempt_once: Callable[[int], Awaitable[T]],
+    policy: RetryPolicy,
+    classify: Callable[[Exception], Failure | None],
+    on_retry: RetryHook | None = None,
+) -> T:
+    """Return the first result of `attempt_once(attempt)` (attempt = 1, 2, ...), waiting as
+    `policy` says after each failure that `classify` calls transient. A permanent failure, one
+    `classify` does not know (None), or the last attempt's failure is raised as it was."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await attempt_once(attempt)
+        except Exception as exc:  # noqa: BLE001 - classify decides; what it does not know is re-raised
+            failure = classify(exc)
+            if failure is None or not failure.transient or attempt >= policy.max_attempts:
+                raise
+            wait = policy.delay(attempt, failure.retry_after)
+            if on_retry is not None:
+                on_retry(attempt, wait, redact(failure.reason))  # shown and logged: no key in it
+        await asyncio.sleep(wait)
+
+
+def httpx_failure(exc: Exception, what: str) -> Failure | None:
+    """Return the Failure for an httpx error met while doing `what`: a status by
+    TRANSIENT_STATUSES (with the server's Retry-After and redacted body), a timeout or broken
+    connection as transient; None for anything that is not an httpx error."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        return Failure(f"{what}: HTTP {status}: {error_text(exc.response)}", is_transient(status),
+                       parse_retry_after(exc.response.headers))
+    if isinstance(exc, httpx.TransportError):
+        return Failure(redact(f"{what}: {type(exc).__name__}: {exc}"), True)
+    return None
+
+
+def base_url(url: str) -> str:
+    """Return a server's root URL: whitespace, trailing slashes and a trailing OpenAI-style
+    '/v1' (or '/v1/chat/completions', '/v1/completions') removed, so 'http://h:30000/v1/' and
+    'http://h:30000' both give 'http://h:30000'. ValueError for anything but an http(s) URL."""
+    root = url.strip().rstrip("/")
+    for suffix in ("/v1/chat/completions", "/v1/completions", "/v1"):
+        if root.endswith(suffix):
+            root = root[: -len(suffix)].rstrip("/")
+            break
+    parts = urlsplit(root)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL (expected e.g. http://host:30000)")
+    return root
+
+
+# -- credentials ---------------------------------------------------------------------------
+
+
+def origin(url: str | httpx.URL) -> tuple[str, str, int]:
+    """Return (scheme, host, port) of a URL, the port filled in from the scheme: where a
+    credential belongs."""
+    parts = urlsplit(str(url))
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme, 0)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    """Return the Authorization header for a bearer token (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def credentials_stay_home(homes: Callable[[], Iterable[str]]) -> Callable[[Any], None]:
+    """Return an httpx request hook that drops the Authorization header of any request whose
+    origin is not one of `homes()` (the servers the credential was issued for). A pagination
+    link or redirect to another host is still followed, without the credential: public data
+    loads, the key never leaves."""
+
+    def hook(request: Any) -> None:
+        if "authorization" in request.headers and origin(request.url) not in {origin(h) for h in homes()}:
+            del request.headers["authorization"]
+
+    return hook
+
+
+# -- redaction -----------------------------------------------------------------------------
+
+_SECRET_PATTERNS = [
+    re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"),  # Anthropic
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),  # OpenAI and OpenAI-compatible gateways
+    re.compile(r"\bhf_[A-Za-z0-9]{16,}"),  # Hugging Face
+    re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),  # GitHub
+    re.compile(r"\bAIza[0-9A-Za-z_\-]{30,}"),  # Google
+    re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),  # Slack
+    re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),  # JWT
+]
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{8,}")
+_ASSIGNED = re.compile(
+    r"(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|x-api-key)"
+    r"[\"']?\s*[:=]\s*[\"']?)[^\s\"'&,;}]{6,}"
+)
+REDACTED = "[REDACTED]"
+
+
+def redact(text: str) -> str:
+    """Return `text` with anything shaped like a credential (sk-..., sk-ant-..., hf_...,
+    'Bearer ...', api_key=..., JWTs, ...) replaced by [REDACTED]."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(REDACTED, text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _ASSIGNED.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def error_text(response: httpx.Response, limit: int = 300) -> str:
+    """Return a one-line, redacted summary of an error answer: the JSON error message when the
+    body has one, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text
+    else:
+        err = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(err, dict):
+            text = str(err.get("message") or err)
+        elif isinstance(body, dict) and body.get("message"):
+            text = str(body["message"])
+        else:
+            text = str(err)
+    return redact(" ".join(text.split()))[:limit]

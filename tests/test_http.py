@@ -1,0 +1,140 @@
+"""The data side's one HTTP layer (curator/http.py): which statuses are retried, how long a
+client waits, what Retry-After means, base URLs, where a credential may go, and redaction."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+
+import httpx
+import pytest
+
+from curator import http
+from curator.http import Failure, RetryPolicy
+
+
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 502, 503, 504, 520, 524, 529])
+def test_transient_statuses_are_retried(status: int) -> None:
+    assert http.is_transient(status)
+
+
+@pytest.mark.parametrize("status", [200, 301, 400, 401, 403, 404, 413, 422, 501, 505, 511])
+def test_permanent_statuses_are_not(status: int) -> None:
+    assert not http.is_transient(status)
+
+
+def test_every_client_uses_the_one_status_set() -> None:
+    import curator.generate.client as generate_client
+    import curator.hidden_vllm as hidden_vllm
+    import curator.hub as hub
+    import curator.llm as llm
+
+    for module in (llm, generate_client, hidden_vllm, hub):
+        names = {n for n in vars(module) if "TRANSIENT" in n or "RETRYABLE" in n}
+        assert not names, f"{module.__name__} keeps its own status set: {names}"
+
+
+def test_retry_after_seconds_date_and_milliseconds() -> None:
+    assert http.parse_retry_after(httpx.Headers({"Retry-After": "7"})) == 7.0
+    assert http.parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
+    in_30_s = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 28 <= http.parse_retry_after(httpx.Headers({"Retry-After": in_30_s})) <= 30
+    past = email.utils.formatdate(time.time() - 60, usegmt=True)
+    assert http.parse_retry_after(httpx.Headers({"Retry-After": past})) == 0.0
+    assert http.parse_retry_after(httpx.Headers({"Retry-After": "soon"})) is None
+    assert http.parse_retry_after(httpx.Headers({})) is None
+
+
+def test_backoff_doubles_with_jitter_and_is_capped() -> None:
+    policy = RetryPolicy(max_attempts=10, base_delay_s=1.0, max_delay_s=8.0)
+    for attempt, full in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 8.0)]:
+        waits = [policy.delay(attempt) for _ in range(50)]
+        assert all(full * 0.5 <= w <= full for w in waits) and len(set(waits)) > 1
+    assert policy.delay(1, retry_after=3.0) == 3.0  # the server's word wins
+    assert policy.delay(1, retry_after=600.0) == 8.0  # ... up to the cap
+
+
+def test_retrying_stops_at_permanent_failures_and_after_the_last_attempt() -> None:
+    calls: list[int] = []
+    waits: list[float] = []
+
+    async def flaky(attempt: int) -> str:
+        calls.append(attempt)
+        if attempt < 3:
+            raise ValueError("busy")
+        return "ok"
+
+    def transient(exc: Exception) -> Failure | None:
+        return Failure(str(exc), True, 0.0) if isinstance(exc, ValueError) else None
+
+    policy = RetryPolicy(max_attempts=3, base_delay_s=0.001)
+    assert asyncio.run(http.retrying(flaky, policy, transient, lambda a, w, r: waits.append(w))) == "ok"
+    assert calls == [1, 2, 3] and waits == [0.0, 0.0]
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        asyncio.run(http.retrying(flaky, RetryPolicy(max_attempts=2, base_delay_s=0.001), transient))
+    assert calls == [1, 2]
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        asyncio.run(http.retrying(flaky, policy, lambda exc: Failure(str(exc), False)))
+    assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("given", "root"),
+    [
+        ("http://h:30000", "http://h:30000"),
+        ("http://h:30000/", "http://h:30000"),
+        ("  http://h:30000/v1/ ", "http://h:30000"),
+        ("https://h/v1/chat/completions", "https://h"),
+        ("http://h:8000/v1/completions", "http://h:8000"),
+        ("https://gateway.example/openai", "https://gateway.example/openai"),
+    ],
+)
+def test_base_url_forms(given: str, root: str) -> None:
+    assert http.base_url(given) == root
+
+
+@pytest.mark.parametrize("bad", ["h:30000", "ftp://h", "http://", ""])
+def test_base_url_refuses_what_is_not_http(bad: str) -> None:
+    with pytest.raises(ValueError, match="http"):
+        http.base_url(bad)
+
+
+def test_credential_is_dropped_on_requests_to_another_origin() -> None:
+    hook = http.credentials_stay_home(lambda: ["https://huggingface.co"])
+    home = httpx.Request("GET", "https://huggingface.co/api/datasets?cursor=2", headers={"Authorization": "Bearer hf_x"})
+    away = httpx.Request("GET", "https://evil.example/api/datasets?cursor=2", headers={"Authorization": "Bearer hf_x"})
+    other_port = httpx.Request("GET", "https://huggingface.co:8443/api", headers={"Authorization": "Bearer hf_x"})
+    for request in (home, away, other_port):
+        hook(request)
+    assert home.headers.get("authorization") == "Bearer hf_x"
+    assert "authorization" not in away.headers and "authorization" not in other_port.headers
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv",
+        "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx",
+        "hf_AbCdEfGhIjKlMnOpQrStUv",
+        "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123",
+    ],
+)
+def test_redact_removes_key_shaped_strings(secret: str) -> None:
+    text = http.redact(f'invalid key {secret}; {{"api_key": "{secret}"}}, Authorization: Bearer {secret}')
+    assert secret not in text and "[REDACTED]" in text
+
+
+def test_redact_leaves_ordinary_text_alone() -> None:
+    text = "HTTP 400: max_tokens=4096 is too large for model sk-model (context 8192); see docs"
+    assert http.redact(text) == text
+
+
+def test_error_text_reads_the_json_message_and_redacts_it() -> None:
+    response = httpx.Response(401, json={"error": {"message": "Incorrect API key provided: sk-abcdefghijklmnop1234"}})
+    assert http.error_text(response) == "Incorrect API key provided: [REDACTED]"
+    assert http.error_text(httpx.Response(502, text="<html>\n bad gateway \n</html>")) == "<html> bad gateway </html>"
