@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from training.chat_tokens import GenerationReadStats, iter_generation, tokenize_record
+from training.chat_tokens import GenerationReadStats, iter_generation, tokenize_record, tokenize_rows
 from training.hidden_states import (
     ExtractStats,
     capture_batch,
@@ -106,7 +106,12 @@ def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[An
         {"role": "user", "content": "print", "train": False},
         {"role": "assistant", "content": "yield token", "reasoning_content": "think data", "train": True},
     ]}
-    assert masked_text(tok2, rec) == "return self<|end|><think>think data</think>yield token<|end|>"
+    # One row per generation: the first answer is trained in the context it was generated in
+    # (with its own reasoning), never in the re-rendered history that drops that reasoning.
+    rows = tokenize_rows(rec, tok2)
+    assert [tok2.decode(r.input_ids[r.loss_mask].tolist()) for r in rows] == [
+        "<think>think data</think>yield token<|end|>", "<think>hidden</think>return self<|end|>"]
+    assert [r.suffix for r in rows] == ["", "#1"]
 
 
 def test_malformed_records_are_counted_and_skipped(tmp_path: Path, target: tuple[Any, Any]) -> None:

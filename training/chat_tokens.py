@@ -1,16 +1,23 @@
-"""Token ids and loss mask of one regenerated conversation, rendered with the target's chat template.
+"""Token ids and loss masks of one generation record: the training rows it yields.
 
-The loss mask covers exactly what the draft must learn to predict: the content of the assistant
-messages marked `train: true` (with their reasoning text and their end-of-turn token), never the
-role headers, never system/user/tool turns, never the context answers of `turns: last` rows.
+The contract: every loss-masked token is a token the target generated, at the position and after
+exactly the prefix ids it had when it generated it.
 
-It is found without knowing the template: message k's answer is the text between the conversation
-rendered up to k with the generation prompt (which ends with the assistant header) and the
-conversation rendered through k. Trailing whitespace after the end-of-turn token is left out.
-Where a template renders history differently from a prefix (Qwen3-style templates drop the
-reasoning of earlier turns), the answer is located in the full rendering by its text instead.
-Character spans become token positions through the fast tokenizer's offsets (or, for a slow
-tokenizer, by tokenizing prefixes).
+Token mode (the record stores each generation's prompt ids and completion ids, see
+training/gen_record.py): a row is one generation's prompt + completion; an earlier generation of
+the same conversation shares the row when its prompt + completion ids are a true prefix of that
+row, otherwise it gets a row of its own. Nothing is re-tokenised.
+
+Text mode (only text is known): message k's answer is what the template adds between the
+conversation up to k rendered with the generation prompt (which ends where the target started
+writing) and the conversation through k. Spans are found by rendering prefixes, never by searching
+the text: a row is the rendering through its last answer, and an earlier answer shares it only
+when its own prefix rendering is a prefix of the row (templates such as Qwen3, Kimi-K2-Thinking
+and gpt-oss re-render history differently, e.g. dropping earlier reasoning: such an answer gets
+its own row, as the target saw it). Each prompt and each answer is tokenised on its own, as a
+server tokenises the prompt and the target emits the answer, and a shared row is kept only when
+the ids before each answer equal the ids of that answer's own prompt.
+Trailing whitespace after an answer's end-of-turn token is never masked.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 import torch
 
 from training.errors import TrainingError
+from training.gen_record import messages_problem, record_problem
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -35,42 +43,66 @@ class MalformedRecordError(TrainingError):
 
 @dataclass
 class ChatTokens:
-    """A tokenised conversation: ids [T], loss mask [T] and how many answers it trains on."""
+    """A tokenised training row: ids [T], loss mask [T], how many answers it trains on and how it was made."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     train_messages: int
     truncated: bool = False
+    mode: str = "text"  # "token": the target's stored ids; "text": re-rendered and re-tokenised
+    suffix: str = ""  # "" for the row holding the last answer; "#k" for a row of its own ending at message k
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
 
-def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, str]], list[bool]]:
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    # Templates take the arguments as a mapping (they print them with tojson); the record keeps
+    # OpenAI's JSON text, checked to be an object by record_problem.
+    fn = call["function"]
+    args = json.loads(fn["arguments"]) if isinstance(fn["arguments"], str) else fn["arguments"]
+    return {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, Any]], list[bool]]:
     """Return (messages as the chat template takes them, train flag per message) from a record."""
     raw = record.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise MalformedRecordError(f"record {record.get('id')!r} has no messages")
+    problem = messages_problem(raw)
+    if problem:
+        raise MalformedRecordError(f"record {record.get('id')!r}: {problem}")
     messages, train = [], []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise MalformedRecordError(f"record {record.get('id')!r}: message {i} lacks a valid role or string content")
-        out = {"role": m["role"], "content": m["content"]}
-        if m["role"] == "assistant" and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
-            out["reasoning_content"] = m["reasoning_content"]
+    for m in raw:
+        out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        reasoning = m.get("reasoning_content")
+        if m["role"] == "assistant" and isinstance(reasoning, str) and reasoning:
+            # Qwen3/Kimi templates read reasoning_content, gpt-oss's reads thinking.
+            out["reasoning_content"] = reasoning
+            out["thinking"] = reasoning
+        if m.get("tool_calls"):
+            out["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                out[key] = m[key]
         messages.append(out)
-        is_train = bool(m.get("train", False))
-        if is_train and m["role"] != "assistant":
-            raise MalformedRecordError(f"record {record.get('id')!r}: message {i} is marked train but is {m['role']!r}")
-        train.append(is_train)
+        train.append(bool(m.get("train", False)))
     return messages, train
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+def template_options(record: dict[str, Any]) -> dict[str, Any]:
+    """Return the keyword arguments the record's prompts were rendered with (tools, template kwargs)."""
+    options: dict[str, Any] = dict(record.get("chat_template_kwargs") or {})
+    if record.get("tools"):
+        options["tools"] = record["tools"]
+    return options
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, **options: Any) -> str:
+    """Return the chat template's text for `messages` ("" for none); MalformedRecordError if it refuses them."""
     if not messages:
         return ""
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                             **options)
     except Exception as exc:  # jinja raises TemplateError and others for conversations a template refuses
         raise MalformedRecordError(f"the chat template refused the conversation: {exc}") from exc
 
@@ -83,87 +115,126 @@ def _special_strings(tokenizer: Any) -> list[str]:
     return sorted((s for s in specials if s), key=len, reverse=True)
 
 
-def answer_spans(tokenizer: Any, messages: list[dict[str, str]], train: list[bool]) -> tuple[str, list[tuple[int, int]]]:
-    """Return (the full rendering, character spans of every train message's answer in it)."""
-    full = _render(tokenizer, messages, False)
-    spans: list[tuple[int, int]] = []
-    cursor = 0
-    specials = None
+@dataclass
+class _Answer:
+    """One train answer in text mode: its index, the prompt text it was generated after, its text."""
+
+    message: int
+    head: str
+    text: str
+    tail: str = ""  # what the template writes after the answer (a newline after the end-of-turn token)
+
+
+def text_answers(tokenizer: Any, messages: list[dict[str, Any]], train: list[bool],
+                 **options: Any) -> list[_Answer]:
+    """Return every train answer as (its prompt rendering, the text the template adds for it)."""
+    answers = []
     for k, is_train in enumerate(train):
         if not is_train:
             continue
-        head = _render(tokenizer, messages[:k], True)
-        through = _render(tokenizer, messages[: k + 1], False)
-        if full.startswith(through) and through.startswith(head) and len(head) >= cursor:
-            start, end = len(head), len(through)
-            while end > start and through[end - 1].isspace():
-                end -= 1
-        else:
-            specials = specials if specials is not None else _special_strings(tokenizer)
-            start, end = _locate(full, messages[k], cursor, specials)
-        spans.append((start, end))
-        cursor = end
-    return full, spans
+        head = render(tokenizer, messages[:k], True, **options)
+        through = render(tokenizer, messages[: k + 1], False, **options)
+        if not through.startswith(head):
+            raise MalformedRecordError(
+                f"the chat template renders answer {k} differently from the prompt it was generated after "
+                "(its rendering does not start with the generation prompt)"
+            )
+        text = through[len(head):].rstrip()
+        answers.append(_Answer(k, head, text, through[len(head) + len(text):]))
+    return answers
 
 
-def _locate(full: str, message: dict[str, str], cursor: int, specials: list[str]) -> tuple[int, int]:
-    """Return the span of an answer found by its text: reasoning (if rendered) to content end + end token."""
-    content = message["content"]
-    pos = full.find(content, cursor) if content else -1
-    if pos < 0:
-        raise MalformedRecordError("an assistant answer is not found in the rendered conversation")
-    start, end = pos, pos + len(content)
-    reasoning = message.get("reasoning_content")
-    if reasoning:
-        rpos = full.find(reasoning, cursor, pos)
-        if rpos >= 0:
-            start = rpos
-    for s in specials:  # longest first, so "<|im_end|>" is not read as a shorter token
-        if full.startswith(s, end):
-            end += len(s)
-            break
-    return start, end
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
-def _token_starts(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
-    """Return (token ids of `text`, character start of each token)."""
-    if getattr(tokenizer, "is_fast", False):
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(enc["input_ids"]), [int(a) for a, _ in enc["offset_mapping"]]
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    # Slow tokenizers have no offsets: decode growing prefixes to find where each token starts.
-    starts, pos = [], 0
-    for i in range(len(ids)):
-        starts.append(pos)
-        pos = len(tokenizer.decode(ids[: i + 1]))
-    return ids, starts
+def _text_rows(tokenizer: Any, answers: list[_Answer]) -> list[tuple[list[int], list[bool], list[int]]]:
+    """Return rows (ids, mask, answer message indices), latest answer first."""
+    rows = []
+    pending = list(answers)
+    while pending:
+        last = pending.pop()
+        row_text = last.head + last.text
+        members = [a for a in pending if row_text.startswith(a.head + a.text)] + [last]
+        ids: list[int] = []
+        mask: list[bool] = []
+        kept: list[_Answer] = []
+        cursor = 0
+        for a in members:
+            between = _ids(tokenizer, row_text[cursor:len(a.head)])
+            prompt = ids + between
+            if kept and prompt != _ids(tokenizer, a.head):
+                continue  # its own prompt tokenises differently: it goes to a row of its own
+            answer = _ids(tokenizer, a.text)
+            ids, mask = prompt + answer, mask + [False] * len(between) + [True] * len(answer)
+            cursor = len(a.head) + len(a.text)
+            kept.append(a)
+        if kept[-1] is not last:  # the last answer's prompt always fits: it is the row's start
+            raise MalformedRecordError("internal: a row lost its last answer")
+        tail = _ids(tokenizer, last.tail)  # unmasked, so a row reads as the template writes it
+        ids, mask = ids + tail, mask + [False] * len(tail)
+        pending = [a for a in pending if a not in kept]
+        rows.append((ids, mask, [a.message for a in kept]))
+    return rows
+
+
+def _token_rows(record: dict[str, Any]) -> list[tuple[list[int], list[bool], list[int]]]:
+    """Return rows (ids, mask, answer message indices) from a token-mode record's generations, latest first."""
+    pending = sorted(record["generations"], key=lambda g: g["message"])
+    rows = []
+    while pending:
+        last = pending.pop()
+        ids = last["prompt_ids"] + last["completion_ids"]
+        mask = [False] * len(ids)
+        members = []
+        for g in pending + [last]:
+            start = len(g["prompt_ids"])
+            end = start + len(g["completion_ids"])
+            if ids[:end] == g["prompt_ids"] + g["completion_ids"]:
+                mask[start:end] = [True] * (end - start)
+                members.append(g)
+        pending = [g for g in pending if g not in members]
+        rows.append((ids, mask, [g["message"] for g in members]))
+    return rows
+
+
+def tokenize_rows(record: dict[str, Any], tokenizer: Any | None = None,
+                  max_len: int | None = None) -> list[ChatTokens]:
+    """Return the training rows of a record (the one holding the last answer first), each clipped to max_len.
+
+    Token-mode records need no tokenizer; text-mode records need the target's (with its chat template).
+    """
+    problem = record_problem(record)
+    if problem:
+        raise MalformedRecordError(f"record {record.get('id')!r}: {problem}")
+    if record.get("mode") == "token":
+        rows, mode = _token_rows(record), "token"
+    else:
+        if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
+            raise TrainingError("the target's tokenizer has no chat template; pass a tokenizer that has one")
+        messages, train = template_messages(record)
+        if not any(train):
+            raise MalformedRecordError(f"record {record.get('id')!r} has no assistant message marked train")
+        rows, mode = _text_rows(tokenizer, text_answers(tokenizer, messages, train, **template_options(record))), "text"
+    out = []
+    for n, (ids, mask, members) in enumerate(rows):
+        truncated = max_len is not None and len(ids) > max_len
+        if truncated:
+            ids, mask = ids[:max_len], mask[:max_len]
+        out.append(ChatTokens(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            loss_mask=torch.tensor(mask, dtype=torch.bool),
+            train_messages=len(members),
+            truncated=truncated,
+            mode=mode,
+            suffix="" if n == 0 else f"#{max(members)}",
+        ))
+    return out
 
 
 def tokenize_record(record: dict[str, Any], tokenizer: Any, max_len: int | None = None) -> ChatTokens:
-    """Return the record's token ids and loss mask under the tokenizer's chat template (clipped to max_len)."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise TrainingError("the target's tokenizer has no chat template; pass a tokenizer that has one")
-    messages, train = template_messages(record)
-    if not any(train):
-        raise MalformedRecordError(f"record {record.get('id')!r} has no assistant message marked train")
-    text, spans = answer_spans(tokenizer, messages, train)
-    ids, starts = _token_starts(tokenizer, text)
-    mask = [False] * len(ids)
-    j = 0
-    for i, s in enumerate(starts):
-        while j < len(spans) and s >= spans[j][1]:
-            j += 1
-        if j < len(spans) and spans[j][0] <= s < spans[j][1]:
-            mask[i] = True
-    truncated = max_len is not None and len(ids) > max_len
-    if truncated:
-        ids, mask = ids[:max_len], mask[:max_len]
-    return ChatTokens(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        loss_mask=torch.tensor(mask, dtype=torch.bool),
-        train_messages=sum(train),
-        truncated=truncated,
-    )
+    """Return the record's row that holds its last answer (see tokenize_rows for all of them)."""
+    return tokenize_rows(record, tokenizer, max_len)[0]
 
 
 def chat_template_sha256(tokenizer: Any) -> str:

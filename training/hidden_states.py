@@ -38,7 +38,7 @@ from training.chat_tokens import (
     MalformedRecordError,
     chat_template_sha256,
     iter_generation,
-    tokenize_record,
+    tokenize_rows,
     tokenizer_sha256,
 )
 from training.distributed import init_distributed
@@ -141,6 +141,7 @@ class PreparedSample:
     category: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
+    mode: str = "text"  # "token": the target's stored ids; "text": re-rendered from the record's text
 
 
 @dataclass
@@ -204,15 +205,19 @@ def prepare_samples(
             continue
         seen.add(sid)
         try:
-            toks = tokenize_record(rec, tokenizer, max_len=max_len)
+            rows = tokenize_rows(rec, tokenizer, max_len=max_len)
         except MalformedRecordError:
             stats.malformed += 1
             continue
-        if not bool(toks.loss_mask.any()):
-            stats.no_loss_tokens += 1  # max_len cut every answer off: nothing to learn from it
-            continue
-        stats.truncated += int(toks.truncated)
-        yield PreparedSample(sid, str(rec.get("category", "")), toks.input_ids, toks.loss_mask)
+        # One row per generation whose context the template re-renders differently (stored ids
+        # are used as they are); the row holding the last answer keeps the record's id.
+        for toks in rows:
+            if not bool(toks.loss_mask.any()):
+                stats.no_loss_tokens += 1  # max_len cut every answer off: nothing to learn from it
+                continue
+            stats.truncated += int(toks.truncated)
+            yield PreparedSample(sid + toks.suffix, str(rec.get("category", "")), toks.input_ids, toks.loss_mask,
+                                 toks.mode)
 
 
 def store_meta(
@@ -334,7 +339,7 @@ def extract(
                     for b, s in enumerate(items):
                         t = len(s.input_ids)
                         out.append(HiddenStateSample(id=s.id, input_ids=s.input_ids, loss_mask=s.loss_mask,
-                                                     category=s.category, finite=finite[b], **host.rows(b, t)))
+                                                     category=s.category, mode=s.mode, finite=finite[b], **host.rows(b, t)))
                         stats.loss_tokens += int(s.loss_mask.sum())
                     bg.put(out, host)
                     if on_batch is not None:

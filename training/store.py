@@ -15,7 +15,7 @@ the sample count:
     aux        bf16|fp8 [N, 3H]   aux_scale  float32 [N, 3]   (fp8 only)
     final      bf16|fp8 [N, H]    final_scale float32 [N, 1]  (fp8 only; final only when has_final)
 
-An index entry is {"shard", "offset", "length", "category"}: the sample's rows are
+An index entry is {"shard", "offset", "length", "category", "mode"?}: the sample's rows are
 [offset, offset + length) of every tensor in that shard.
 
 fp8 is float8_e4m3fn with one float32 scale per token and captured layer (each H-wide row is scaled
@@ -138,6 +138,7 @@ class HiddenStateSample:
     aux: torch.Tensor
     final: torch.Tensor | None = None
     category: str = ""
+    mode: str = ""  # which generation mode made the sample's ids: "token" (stored ids) or "text" (re-tokenised)
     # Checked where the states were made (one reduction on the GPU) instead of by a pass over
     # the host copy in the writer thread; None: check here.
     finite: bool | None = None
@@ -398,7 +399,8 @@ class StoreWriter:
         self.bytes_written += nbytes
         offset = 0
         for s in buffer:
-            self._samples[s.id] = {"shard": name, "offset": offset, "length": len(s), "category": s.category}
+            self._samples[s.id] = {"shard": name, "offset": offset, "length": len(s), "category": s.category,
+                                **({"mode": s.mode} if s.mode else {})}
             offset += len(s)
             self.stored += 1
             self.stored_tokens += len(s)

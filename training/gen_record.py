@@ -1,0 +1,142 @@
+"""The generation record: one line of `curator generate`'s shard-*.jsonl, and its one malformed rule.
+
+Written by curator (curator/generate/conversation.py), read by training (hidden states, plan). It
+lives in training/ because training may not import curator; curator imports it from here.
+
+    id, source, category, turns, model       where the conversation came from
+    messages   [{role, content, train, reasoning_content?, tool_calls?, tool_call_id?, name?}]
+               assistant `tool_calls` in OpenAI shape: {id, type: "function",
+               function: {name, arguments: JSON text of an object}}; a tool turn's
+               `tool_call_id` names a call made earlier in the conversation.
+    tools      [JSON schema of each tool the target was offered] (optional)
+    chat_template_kwargs  what the prompt was rendered with (e.g. {"enable_thinking": false})
+    mode       "token": the target's own ids are stored per generation (below);
+               "text":  only the text is known; training re-renders and re-tokenises it.
+    mode_reason  why a record is in text mode (the engine returned no ids, ...)
+    generations  (token mode) one entry per answer the target produced:
+               {message: index of that answer in `messages`, prompt_ids: the exact ids the
+                target was given, completion_ids: the exact ids it produced (end-of-turn
+                included)}
+    stop_reason  (turns: all with tools) why the conversation ends where it does, when the
+               target did not follow the source trajectory ("no_tool_call", "other_tool", ...)
+
+Every loss-masked token of a training row is a completion id of one generation, at the position
+and after exactly the prompt ids that generation had.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+MODES = ("token", "text")
+
+
+def _ids_ok(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+
+
+def tool_call_problem(call: Any) -> str | None:
+    """Return what is wrong with one OpenAI-shape tool call, or None when it is well formed."""
+    if not isinstance(call, dict):
+        return "a tool call is not an object"
+    if not isinstance(call.get("id"), str) or not call["id"]:
+        return "a tool call has no id"
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        return f"tool call {call['id']!r} has no function name"
+    args = fn.get("arguments")
+    if not isinstance(args, str):
+        return f"tool call {call['id']!r}: arguments are not a JSON string"
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError:
+        return f"tool call {call['id']!r}: arguments are not valid JSON"
+    if not isinstance(parsed, dict):
+        return f"tool call {call['id']!r}: arguments are not a JSON object"
+    return None
+
+
+def messages_problem(messages: Any) -> str | None:
+    """Return what is wrong with a message list (roles, content, tool calls and their results), or None."""
+    if not isinstance(messages, list) or not messages:
+        return "no messages"
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            return f"message {i} lacks a valid role"
+        content = m.get("content")
+        tool_calls = m.get("tool_calls") or []
+        if content is None and not tool_calls:
+            return f"message {i} has no content"
+        if content is not None and not isinstance(content, str):
+            return f"message {i} content is not text"
+        if tool_calls:
+            if m["role"] != "assistant":
+                return f"message {i} is {m['role']!r} but carries tool calls"
+            if not isinstance(tool_calls, list):
+                return f"message {i}: tool_calls is not a list"
+            for call in tool_calls:
+                problem = tool_call_problem(call)
+                if problem:
+                    return f"message {i}: {problem}"
+                calls.add(call["id"])
+        if m["role"] == "tool":
+            ref = m.get("tool_call_id")
+            if ref is not None and ref not in calls:
+                return f"message {i} answers tool call {ref!r}, which no earlier assistant message made"
+        if m.get("train") and m["role"] != "assistant":
+            return f"message {i} is marked train but is {m['role']!r}"
+    return None
+
+
+def record_problem(record: Any) -> str | None:
+    """Return why a generation record is malformed (the one rule every reader applies), or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if not isinstance(record.get("id"), str) or not record["id"]:
+        return "no string id"
+    problem = messages_problem(record.get("messages"))
+    if problem:
+        return problem
+    tools = record.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "tools is not a list of JSON schemas"
+    kwargs = record.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        return "chat_template_kwargs is not an object"
+    mode = record.get("mode", "text")
+    if mode not in MODES:
+        return f"mode is {mode!r}, not one of {', '.join(MODES)}"
+    if mode == "token":
+        return generations_problem(record)
+    return None
+
+
+def generations_problem(record: dict[str, Any]) -> str | None:
+    """Return what is wrong with a token-mode record's `generations`, or None."""
+    gens = record.get("generations")
+    messages = record["messages"]
+    if not isinstance(gens, list) or not gens:
+        return "mode is token but there are no generations"
+    seen: set[int] = set()
+    for g in gens:
+        if not isinstance(g, dict):
+            return "a generation is not an object"
+        k = g.get("message")
+        if not isinstance(k, int) or not 0 <= k < len(messages) or messages[k]["role"] != "assistant":
+            return f"generation for message {k!r} does not point at an assistant message"
+        if k in seen:
+            return f"message {k} has two generations"
+        seen.add(k)
+        if not _ids_ok(g.get("prompt_ids")) or not g["prompt_ids"]:
+            return f"generation for message {k} has no prompt_ids"
+        if not _ids_ok(g.get("completion_ids")) or not g["completion_ids"]:
+            return f"generation for message {k} has no completion_ids"
+    return None
+
+
+def generation(message: int, prompt_ids: list[int], completion_ids: list[int]) -> dict[str, Any]:
+    """Return one `generations` entry (the answer at messages[message], produced from prompt_ids)."""
+    return {"message": message, "prompt_ids": list(prompt_ids), "completion_ids": list(completion_ids)}
