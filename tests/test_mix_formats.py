@@ -7,7 +7,16 @@ import json
 import pytest
 
 from curator.errors import ConfigError
-from curator.mix.formats import NORMALISERS, MalformedRow, default_turns, detect_format, resolve_format, to_prompt
+from curator.mix.formats import (
+    NORMALISERS,
+    MalformedRow,
+    as_messages,
+    default_turns,
+    detect_format,
+    render_tool_calls,
+    resolve_format,
+    to_prompt,
+)
 
 # One row per format, shaped like the dataset's documented schema (shared/REFERENCE.md).
 SHAREGPT = {  # Aeala/ShareGPT_Vicuna_unfiltered
@@ -122,27 +131,90 @@ def test_swe_agent_uses_system_prompt_and_maps_ai_to_assistant():
     assert [r for r, _ in conv] == ["system", "user", "assistant", "user", "assistant"]
 
 
-def test_glaive_calls_and_responses_become_assistant_and_tool_turns():
+def test_glaive_functions_become_tools_and_functioncalls_structured_calls():
     conv = NORMALISERS["glaive"](GLAIVE)
-    assert conv[0][0] == "system" and conv[0][1].startswith("You are a helpful assistant")
+    assert conv[0] == ("system", "You are a helpful assistant with access to the following functions. Use them if required")
     assert [r for r, _ in conv] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
-    assert conv[2][1].startswith("<functioncall> {") and "Paris" in conv[2][1]
-    assert conv[3][1] == '{"temp": 21}'
-    assert all("<|endoftext|>" not in c for _, c in conv)
+    assert conv.tools == [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    # glaive's single-quoted arguments object is read as the JSON it quotes
+    assert conv[2].tool_calls == [{"id": "call_0", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    assert conv[3] == ("tool", '{"temp": 21}') and (conv[3].tool_call_id, conv[3].name) == ("call_0", "get_weather")
+    assert all("<|endoftext|>" not in c and "<functioncall>" not in c for _, c in conv)
 
 
-def test_xlam_tools_go_to_system_and_answers_to_tool_calls():
+def test_xlam_tools_and_answers_are_structured():
     conv = NORMALISERS["xlam"](XLAM)
-    assert conv[0][0] == "system" and "live_giveaways_by_type" in conv[0][1]
-    assert conv[1] == ("user", XLAM["query"])
-    assert conv[2][0] == "assistant" and '"arguments": {"type": "beta"}' in conv[2][1]
+    assert conv[0] == ("user", XLAM["query"])
+    assert conv.tools[0]["function"]["name"] == "live_giveaways_by_type"
+    assert conv.tools[0]["function"]["parameters"] == {"type": "object", "properties": {"type": {"type": "str"}}}
+    assert conv[1] == ("assistant", "") and conv[1].tool_calls[0]["function"] == {
+        "name": "live_giveaways_by_type", "arguments": '{"type": "beta"}'}
 
 
-def test_openai_tool_calls_are_rendered_not_lost():
-    conv = NORMALISERS["messages"](OPENAI_TOOLS)
+def test_openai_tool_calls_keep_their_shape_and_tool_turns_their_call():
+    conv = NORMALISERS["messages"]({**OPENAI_TOOLS, "tools": [{"type": "function", "function": {"name": "ls"}}]})
     assert [r for r, _ in conv] == ["user", "assistant", "tool", "assistant"]
-    assert '"name": "ls"' in conv[1][1] and '"path": "."' in conv[1][1]
-    assert conv[2] == ("tool", "a.py\nb.py")
+    assert conv[1].tool_calls == [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]
+    assert conv[2] == ("tool", "a.py\nb.py") and conv[2].tool_call_id == "c1" and conv[2].name == "ls"
+    assert conv.tools == [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
+    assert as_messages(to_prompt(conv, "last", False))[1] == {
+        "role": "assistant", "content": "", "tool_calls": conv[1].tool_calls}
+
+
+HERMES = {  # NousResearch/hermes-function-calling-v1
+    "id": "h1", "category": "x", "task": "y",
+    "conversations": [
+        {"from": "system", "value": "You are a function calling AI model. <tools> [{'type': 'function'}] </tools>".replace(
+            "[{'type': 'function'}]", json.dumps([{"type": "function", "function": {
+                "name": "get_stock", "description": "Price", "parameters": {"type": "object", "properties": {"s": {"type": "string"}}}}}]))},
+        {"from": "human", "value": "Price of ACME?"},
+        {"from": "gpt", "value": '<tool_call>\n{"name": "get_stock", "arguments": {"s": "ACME"}}\n</tool_call>'},
+        {"from": "tool", "value": '<tool_response>\n{"price": 3}\n</tool_response>'},
+        {"from": "gpt", "value": "ACME trades at 3."},
+    ],
+}
+
+
+def test_hermes_tool_blocks_become_structure():
+    conv = NORMALISERS["hermes"](HERMES)
+    assert conv.tools[0]["function"]["name"] == "get_stock"
+    assert conv[2] == ("assistant", "") and conv[2].tool_calls[0]["function"]["arguments"] == '{"s": "ACME"}'
+    assert conv[3] == ("tool", '{"price": 3}') and conv[3].tool_call_id == conv[2].tool_calls[0]["id"]
+
+
+DEEPSWE = {  # SWE-Factory/DeepSWE-Agent-Kimi-K2-Trajectories: inline actions, observations as user turns
+    "messages": [
+        {"role": "system", "content": "You are a software agent."},
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": "Look first.\n<function=execute_bash>\n<parameter=command>ls</parameter>\n</function>"},
+        {"role": "user", "content": "a.py"},
+        {"role": "assistant", "content": "<function=finish>\n</function>"},
+    ]
+}
+
+
+def test_deepswe_actions_become_tool_calls_and_observations_their_results():
+    conv = NORMALISERS["deepswe"](DEEPSWE)
+    assert [r for r, _ in conv] == ["system", "user", "assistant", "tool", "assistant"]
+    assert conv[2] == ("assistant", "Look first.")
+    assert conv[2].tool_calls[0]["function"] == {"name": "execute_bash", "arguments": '{"command": "ls"}'}
+    assert conv[3].tool_call_id == "call_0" and conv[3].name == "execute_bash"
+    assert [t["function"]["name"] for t in conv.tools] == ["execute_bash", "finish"]
+    assert default_turns("deepswe") == "last"
+
+
+def test_turns_all_keeps_tool_turns_naming_the_call_they_answered():
+    prompt = to_prompt(NORMALISERS["messages"](OPENAI_TOOLS), "all", False)
+    assert as_messages(prompt) == [{"role": "user", "content": "List the files."},
+                                   {"role": "tool", "content": "a.py\nb.py", "tool_call_id": "c1", "name": "ls"}]
+
+
+def test_sources_without_structure_fall_back_to_text_tool_calls():
+    assert render_tool_calls([{"name": "ls", "arguments": {"path": "."}}]) == (
+        '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>')
+    assert not NORMALISERS["swe-agent"](SWE_AGENT).has_tools()
 
 
 def test_openthoughts_prepends_system():
@@ -163,6 +235,17 @@ def test_openthoughts_prepends_system():
         ("xlam", {"query": "q", "tools": "[{broken", "answers": "[]"}, "not valid JSON"),
         ("glaive", {"system": "SYSTEM: x", "chat": "just text"}, "no USER:/ASSISTANT: parts"),
         ("swe-agent", {"trajectory": [{"role": "ai"}]}, "no text"),
+        ("messages", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "function": {"name": "ls", "arguments": "{path: ."}}]}]}, "arguments are not JSON"),
+        ("messages", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "function": {"name": "ls", "arguments": "[1]"}}]}]}, "not a JSON object"),
+        ("messages", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "function": {"name": "ls", "arguments": "{}"}}]}, {"role": "tool", "content": "x"},
+            {"role": "tool", "content": "y"}]}, "answers no tool call"),
+        ("messages", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "function": {"name": "ls", "arguments": "{}"}}]}, {"role": "tool", "content": "x",
+            "tool_call_id": "zz"}]}, "which was not made"),
+        ("xlam", {"query": "q", "tools": "[]", "answers": json.dumps([{"name": "f", "arguments": "not json"}])}, "not JSON"),
     ],
 )
 def test_malformed_rows_raise_with_a_reason(fmt, row, reason):
@@ -200,3 +283,21 @@ def test_keep_responses_keeps_the_whole_conversation():
         to_prompt([("user", "hi")], "all", True)
     with pytest.raises(MalformedRow, match="no user turn"):
         to_prompt([("system", "s"), ("assistant", "a")], "all", False)
+
+
+def test_build_mix_stores_tools_and_calls_and_counts_rows_with_tools(tmp_path):
+    from curator.generate.rows import iter_mix
+    from curator.mix.build import build_mix
+    from curator.mix.recipe import recipe_from_dict
+
+    rows = [{**OPENAI_TOOLS, "tools": [{"type": "function", "function": {"name": "ls"}}]}, ULTRACHAT]
+    (tmp_path / "src.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    recipe = recipe_from_dict({"name": "t", "sources": [
+        {"path": str(tmp_path / "src.jsonl"), "samples": 2, "turns": "last", "category": "agentic"}]})
+    manifest = build_mix(recipe, tmp_path / "mix")
+    assert manifest["sources"][0]["with_tools"] == 1 and manifest["sources"][0]["kept"] == 2
+    (row,) = [r for r in iter_mix(tmp_path / "mix") if r.tools]
+    assert row.tools == [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
+    assert row.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]}
+    assert row.messages[2] == {"role": "tool", "content": "a.py\nb.py", "tool_call_id": "c1", "name": "ls"}

@@ -6,6 +6,7 @@ and record it without stopping. Rows stream in file order; nothing but the ids i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError
+from training.gen_record import tool_call_problem
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 TURN_POLICIES = frozenset({"all", "last"})
@@ -28,9 +30,10 @@ class MixRow:
     id: str
     source: str
     category: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     turns: str = "all"
     keep_responses: bool = False
+    tools: list[dict[str, Any]] | None = None  # JSON schemas of the tools offered (OpenAI shape)
 
 
 @dataclass
@@ -66,7 +69,7 @@ def iter_mix(mix_dir: str | Path, limit: int | None = None) -> Iterator[MixRow |
     seen = 0
     for path in mix_files(mix_dir):
         parquet = pq.ParquetFile(path)
-        wanted = [c for c in ("id", "source", "category", "messages", "turns", "keep_responses")
+        wanted = [c for c in ("id", "source", "category", "messages", "turns", "keep_responses", "tools")
                   if c in parquet.schema_arrow.names]
         for batch in parquet.iter_batches(batch_size=512, columns=wanted):
             for record in batch.to_pylist():
@@ -110,7 +113,10 @@ def parse_row(record: dict[str, Any], where: str) -> MixRow | BadRow:
             content = ""
         if not isinstance(content, str):
             return BadRow(row_id, f"message {i} content is not text")
-        clean.append({"role": role, "content": content})
+        problem, tidy = _tool_fields(message)
+        if problem:
+            return BadRow(row_id, f"message {i}: {problem}")
+        clean.append({"role": role, "content": content, **tidy})
     keep = bool(record.get("keep_responses") or False)
     if keep and not any(m["role"] == "assistant" for m in clean):
         return BadRow(row_id, "keep_responses is set but the conversation has no assistant message")
@@ -118,6 +124,14 @@ def parse_row(record: dict[str, Any], where: str) -> MixRow | BadRow:
         return BadRow(row_id, "no user turn to answer")
     if not keep and turns == "last" and clean[-1]["role"] not in ("user", "tool"):
         return BadRow(row_id, f"turns=last needs the conversation to end in a user or tool turn, not {clean[-1]['role']}")
+    tools = record.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            return BadRow(row_id, "tools is not valid JSON")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return BadRow(row_id, "tools is not a list of JSON schemas")
     row = MixRow(
         id=row_id,
         source=str(record.get("source") or ""),
@@ -125,10 +139,31 @@ def parse_row(record: dict[str, Any], where: str) -> MixRow | BadRow:
         messages=clean,
         turns=turns,
         keep_responses=keep,
+        tools=tools or None,
     )
     if not keep and not answer_points(row):
         return BadRow(row_id, "no unanswered user turn")
     return row
+
+
+def _tool_fields(message: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Return (what is wrong, the message's tool fields that are set: tool_calls, tool_call_id, name)."""
+    tidy: dict[str, Any] = {}
+    calls = message.get("tool_calls")
+    if calls:
+        if message.get("role") != "assistant":
+            return "only assistant messages carry tool calls", {}
+        for call in calls:
+            problem = tool_call_problem(call)
+            if problem:
+                return problem, {}
+        tidy["tool_calls"] = [{"id": c["id"], "type": "function",
+                               "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                              for c in calls]
+    for key in ("tool_call_id", "name"):
+        if isinstance(message.get(key), str):
+            tidy[key] = message[key]
+    return None, tidy
 
 
 def answer_points(row: MixRow) -> list[int]:

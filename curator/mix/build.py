@@ -34,7 +34,10 @@ MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 _MAX_REASONS = 20
 
-MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()),
+                            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
+                          ("tool_call_id", pa.string()), ("name", pa.string())])
 SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -43,6 +46,7 @@ SCHEMA = pa.schema(
         ("messages", pa.list_(MESSAGE_TYPE)),
         ("turns", pa.string()),
         ("keep_responses", pa.bool_()),
+        ("tools", pa.string()),  # JSON list of the tools offered (OpenAI shape), null when none
     ]
 )
 
@@ -65,6 +69,7 @@ class SourceReport:
     filtered_reasons: Counter[str] = field(default_factory=Counter)
     duplicates_exact: int = 0
     duplicates_near: int = 0
+    with_tools: int = 0  # kept rows carrying structured tools or tool calls
 
     @property
     def quota(self) -> int:
@@ -111,6 +116,7 @@ class SourceReport:
             "filtered_reasons": dict(sorted(self.filtered_reasons.items())),
             "duplicates_exact": self.duplicates_exact,
             "duplicates_near": self.duplicates_near,
+            "with_tools": self.with_tools,
         }
 
 
@@ -179,15 +185,26 @@ def _table(rows: Sequence[tuple[str, str, str, Conversation, str, bool]]) -> pa.
     offsets = [0]
     roles: list[str] = []
     contents: list[str] = []
+    calls: list[Any] = []
+    call_ids: list[str | None] = []
+    names: list[str | None] = []
     for row in rows:
-        for role, content in row[3]:
-            roles.append(role)
-            contents.append(content)
+        for turn in row[3]:
+            roles.append(turn[0])
+            contents.append(turn[1])
+            calls.append(getattr(turn, "tool_calls", None))
+            call_ids.append(getattr(turn, "tool_call_id", None))
+            names.append(getattr(turn, "name", None))
         offsets.append(len(roles))
     messages = pa.ListArray.from_arrays(
         pa.array(offsets, pa.int32()),
-        pa.StructArray.from_arrays([pa.array(roles, pa.string()), pa.array(contents, pa.string())], fields=list(MESSAGE_TYPE)),
+        pa.StructArray.from_arrays(
+            [pa.array(roles, pa.string()), pa.array(contents, pa.string()), pa.array(calls, pa.list_(TOOL_CALL_TYPE)),
+             pa.array(call_ids, pa.string()), pa.array(names, pa.string())],
+            fields=list(MESSAGE_TYPE),
+        ),
     )
+    tools = [json.dumps(t, ensure_ascii=False) if (t := getattr(r[3], "tools", None)) else None for r in rows]
     return pa.Table.from_arrays(
         [
             pa.array([r[0] for r in rows], pa.string()),
@@ -196,6 +213,7 @@ def _table(rows: Sequence[tuple[str, str, str, Conversation, str, bool]]) -> pa.
             messages,
             pa.array([r[4] for r in rows], pa.string()),
             pa.array([r[5] for r in rows], pa.bool_()),
+            pa.array(tools, pa.string()),
         ],
         schema=SCHEMA,
     )
@@ -297,6 +315,7 @@ def _build_source(
             else:
                 kept.append((index, ex.prompt))
                 report.kept += 1
+                report.with_tools += int(ex.prompt.has_tools())
     # The first pass always reads the whole source (bottom-k needs every key), so `read`
     # is the source's full size or its scan limit even when the quota was met early.
     return report, sorted(kept, key=lambda t: t[0])
