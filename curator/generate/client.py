@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -24,6 +24,9 @@ from curator.generate.scheduler import Scheduler
 from curator.http import RetryPolicy
 
 DEFAULT_TIMEOUT_S = 1800.0  # a whole 4K-token answer of a large model under load
+
+if TYPE_CHECKING:
+    from curator.generate.token_ids import TokenMode
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,12 @@ class Completion:
     endpoint: str
     latency_s: float
     attempts: int = 1
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI shape: id, type, function {name, arguments}
+    # Token mode (curator/generate/token_ids.py): the exact ids sent and produced; text mode: None.
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    mode: str = "text"
+    mode_reason: str | None = None
 
 
 class RequestError(EndpointError):
@@ -100,6 +109,11 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
         content, reasoning = split_reasoning(
             message.get("content"), message.get("reasoning_content") or message.get("reasoning")
         )
+        calls = [
+            {"id": str(c.get("id") or f"call_{i}"), "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
+            for i, c in enumerate(message.get("tool_calls") or [])
+        ]
         return Completion(
             content=content,
             reasoning_content=reasoning,
@@ -108,6 +122,8 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
             completion_tokens=int(usage.get("completion_tokens") or 0),
             endpoint=endpoint,
             latency_s=latency_s,
+            tool_calls=calls or None,
+            mode_reason="chat completions return text only",
         )
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise RequestError(
@@ -140,9 +156,14 @@ class EndpointClient:
 
     async def chat(self, slot: int, body: Mapping[str, Any]) -> Completion:
         """Return the answer to one chat request sent on `slot`; raise RequestError."""
+        payload, latency = await self.post(slot, self._chat_url, body)
+        return parse_completion(payload, self.url, latency)
+
+    async def post(self, slot: int, url: httpx.URL | str, body: Mapping[str, Any]) -> tuple[Any, float]:
+        """Return (the JSON answer, seconds) of one POST on `slot`; raise RequestError."""
         start = time.perf_counter()
         try:
-            response = await self._clients[slot].post(self._chat_url, json=body)
+            response = await self._clients[slot].post(url, json=body)
         except httpx.TimeoutException as exc:
             raise RequestError(f"timed out ({type(exc).__name__})", status=None, permanent=False,
                                endpoint=self.url) from exc
@@ -163,7 +184,7 @@ class EndpointClient:
         except ValueError as exc:
             raise RequestError(f"answer from {self.url} is not JSON", status=200, permanent=False,
                                endpoint=self.url) from exc
-        return parse_completion(payload, self.url, latency)
+        return payload, latency
 
     async def check(self, model: str, extra_body: Mapping[str, Any], retry: RetryPolicy) -> None:
         """Raise EndpointError (one line) unless the server lists `model` and answers a
@@ -204,6 +225,7 @@ class OpenAIBackend:
         concurrency: int = 64,
         retry: RetryPolicy = RetryPolicy(),
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        tokens: TokenMode | None = None,
     ) -> None:
         if not urls:
             raise EndpointError("no endpoint given (pass --endpoint http://host:port)")
@@ -211,6 +233,7 @@ class OpenAIBackend:
         self.model = model
         self.params = params
         self.retry = retry
+        self.tokens = tokens  # token-exact requests (token_ids.py) instead of chat completions
         self.endpoints: dict[str, EndpointClient] = {}
         for url in urls:
             client = EndpointClient(url, concurrency, timeout_s=timeout_s, api_key=api_key)
@@ -248,13 +271,18 @@ class OpenAIBackend:
         """Close every connection."""
         await asyncio.gather(*(ep.aclose() for ep in self.endpoints.values()))
 
-    def body(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Return the request body for `messages` (only role and content are sent: earlier
-        reasoning stays out of the history, as the targets' own chat templates do)."""
+    def body(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Return the request body for `messages` and the tools offered (role, content and the tool
+        fields are sent: earlier reasoning stays out of the history, as the targets' own chat
+        templates do)."""
         body: dict[str, Any] = dict(self.params.extra_body)
+        keep = ("role", "content", "tool_calls", "tool_call_id", "name")
+        if tools:
+            body["tools"] = tools
         body.update(
             model=self.model,
-            messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+            messages=[{k: m[k] for k in keep if m.get(k) is not None} | {"content": m.get("content") or ""}
+                      for m in messages],
             temperature=self.params.temperature,
             max_tokens=self.params.max_tokens,
             stream=False,
@@ -263,18 +291,25 @@ class OpenAIBackend:
             body["top_p"] = self.params.top_p
         return body
 
-    async def complete(self, messages: Sequence[Mapping[str, Any]], prefer: str | None = None) -> Completion:
+    async def complete(self, messages: Sequence[Mapping[str, Any]], prefer: str | None = None,
+                       tools: list[dict[str, Any]] | None = None) -> Completion:
         """Return the target's answer to `messages`; retry transient failures with backoff on
         the least-loaded endpoint (another one than the one that failed, where possible); raise
         RequestError when the failure is permanent or the attempts are spent."""
-        body = self.body(messages)
+        request = self.tokens.request(messages, tools) if self.tokens is not None else None
+        body = self.body(messages, tools) if request is None else request.body
         avoid: str | None = None
 
         async def once(attempt: int) -> Completion:
             nonlocal avoid
             lease = await self.scheduler.acquire(prefer=None if avoid else prefer, avoid=avoid)
             try:
-                completion = await self.endpoints[lease.endpoint].chat(lease.slot, body)
+                endpoint = self.endpoints[lease.endpoint]
+                if request is None:
+                    completion = await endpoint.chat(lease.slot, body)
+                else:
+                    payload, latency = await endpoint.post(lease.slot, endpoint.url + request.path, body)
+                    completion = self.tokens.completion(payload, request, endpoint.url, latency)  # type: ignore[union-attr]
             except RequestError as exc:
                 exc.attempts = attempt
                 self.errors_by_endpoint[lease.endpoint] += 1

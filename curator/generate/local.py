@@ -3,7 +3,9 @@
 For small targets, the demo and a GPU box without a server. It offers the same `complete()` as
 the OpenAI backend, so the turn policy, shards and resume are shared: conversations run as
 `batch_size` concurrent workers, and their pending requests are gathered into one left-padded
-`generate` call (run on a worker thread, so progress keeps updating).
+`generate` call (run on a worker thread, so progress keeps updating). Prompts are rendered and
+tokenised as a server would (tools included) and every answer keeps its prompt ids and the ids the
+model produced (end token included), so its records are token-exact.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from curator.errors import EndpointError
-from curator.generate.client import Completion, RequestError, SamplingParams, split_reasoning
+from curator.generate.client import Completion, RequestError, SamplingParams
+from curator.generate.token_ids import PromptRenderer, parse_answer
+
+Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]  # (messages, tools offered)
 
 
 @dataclass
 class _Pending:
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     future: asyncio.Future[Completion]
+    tools: list[dict[str, Any]] | None = None
 
 
 def pick_device(device: str | None = None) -> str:
@@ -117,18 +123,21 @@ class TransformersBackend:
         torch.manual_seed(self.seed)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
+        chat_kwargs = self.params.extra_body.get("chat_template_kwargs") if isinstance(self.params.extra_body, dict) else None
+        self._tokens = PromptRenderer(tokenizer, chat_kwargs if isinstance(chat_kwargs, dict) else None)
         eos = {tokenizer.eos_token_id}
         configured = getattr(model.generation_config, "eos_token_id", None)
         eos.update(configured if isinstance(configured, list) else [configured])
         self._eos_ids = sorted(i for i in eos if i is not None)
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
 
-    async def complete(self, messages: Sequence[Mapping[str, Any]], prefer: str | None = None) -> Completion:
-        """Return the model's answer to `messages` (queued into the next batch)."""
+    async def complete(self, messages: Sequence[Mapping[str, Any]], prefer: str | None = None,
+                       tools: list[dict[str, Any]] | None = None) -> Completion:
+        """Return the model's answer to `messages` with `tools` offered (queued into the next batch)."""
         if self._wake is None:
             raise EndpointError("the transformers backend was used before start()")
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending([{"role": m["role"], "content": m["content"]} for m in messages], future))
+        self._queue.append(_Pending([dict(m) for m in messages], future, tools))
         self._wake.set()
         return await future
 
@@ -148,7 +157,7 @@ class TransformersBackend:
                 batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size:]
                 self._running = len(batch)
                 live = [p for p in batch if not p.future.done()]
-                results = await asyncio.to_thread(self._generate_safe, [p.messages for p in live])
+                results = await asyncio.to_thread(self._generate_safe, [(p.messages, p.tools) for p in live])
                 self._running = 0
                 for pending, result in zip(live, results):
                     self._requests += 1
@@ -160,7 +169,7 @@ class TransformersBackend:
                     else:
                         pending.future.set_result(result)
 
-    def _generate_safe(self, conversations: list[list[dict[str, str]]]) -> list[Completion | Exception]:
+    def _generate_safe(self, conversations: list[Conversation]) -> list[Completion | Exception]:
         # Out of memory on a batch: halve it rather than fail every conversation in it.
         try:
             return list(self._generate(conversations))
@@ -170,17 +179,25 @@ class TransformersBackend:
                 return self._generate_safe(conversations[:half]) + self._generate_safe(conversations[half:])
             return [RequestError(f"generation failed: {exc}", status=None, permanent=False, endpoint=self.name)]
 
-    def _generate(self, conversations: list[list[dict[str, str]]]) -> list[Completion | Exception]:
+    def _generate(self, conversations: list[Conversation]) -> list[Completion | Exception]:
         import torch
 
         tok = self.tokenizer
         start = time.perf_counter()
         results: list[Completion | Exception | None] = [None] * len(conversations)
-        texts = [tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False) for conv in conversations]
-        # tokenised once: the lengths decide what fits, and the same ids are padded into the batch
-        all_ids = tok(texts, add_special_tokens=False)["input_ids"]
+        # The prompt is rendered and tokenised once, as a server would (tools and tool calls
+        # included): the lengths decide what fits, and the same ids are what the record keeps.
+        all_ids: list[list[int] | None] = []
+        for i, (conv, tools) in enumerate(conversations):
+            try:
+                all_ids.append(self._tokens.prompt_ids(conv, tools))
+            except RequestError as exc:
+                results[i] = exc
+                all_ids.append(None)
         kept, index = [], []
         for i, ids in enumerate(all_ids):
+            if ids is None:
+                continue
             n = len(ids)
             if self._max_positions is not None and n >= self._max_positions:
                 results[i] = RequestError(
@@ -190,6 +207,7 @@ class TransformersBackend:
                 continue
             kept.append(ids)
             index.append(i)
+        kept_ids = kept
         if kept:
             enc = tok.pad({"input_ids": kept}, padding=True, return_tensors="pt").to(self.device)
             prompt_len = enc["input_ids"].shape[1]
@@ -213,15 +231,20 @@ class TransformersBackend:
             for row, i in enumerate(index):
                 gen = new_tokens[row]
                 stop = next((j for j, t in enumerate(gen) if t in eos), None)
-                kept = gen if stop is None else gen[:stop]
-                content, reasoning = split_reasoning(tok.decode(kept, skip_special_tokens=False), None)
+                ids = gen if stop is None else gen[: stop + 1]  # the end-of-turn token is generated too
+                text = tok.decode(gen if stop is None else gen[:stop], skip_special_tokens=False)
+                content, reasoning, calls = parse_answer(text, self._tokens.format)
                 results[i] = Completion(
                     content=content,
                     reasoning_content=reasoning,
                     finish_reason="length" if stop is None else "stop",
                     prompt_tokens=int(prompt_tokens[row]),
-                    completion_tokens=len(gen) if stop is None else stop + 1,
+                    completion_tokens=len(ids),
                     endpoint=self.name,
                     latency_s=latency,
+                    tool_calls=calls or None,
+                    prompt_ids=list(kept_ids[row]),
+                    completion_ids=list(ids),
+                    mode="token",
                 )
         return [r for r in results if r is not None]

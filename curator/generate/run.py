@@ -25,6 +25,7 @@ from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, Sa
 from curator.generate.conversation import output_record, regenerate
 from curator.generate.local import TransformersBackend
 from curator.generate.rows import BadRow, MixRow, iter_mix, read_mix_ids
+from curator.generate.token_ids import PromptRenderer, TokenMode
 from curator.generate.shards import (
     META_FILE,
     ErrorLog,
@@ -49,6 +50,10 @@ class GenerateConfig(BaseModel):
     model: str
     endpoints: list[str] = Field(default_factory=list)
     backend: Literal["openai", "transformers"] = "openai"
+    # Token-exact generation (docs/generation.md): "sglang" (native /generate with input_ids) or
+    # "vllm" (/v1/completions with a token-id prompt and return_token_ids); "chat": text only.
+    engine: Literal["chat", "sglang", "vllm"] = "chat"
+    tokenizer: str | None = Field(None, description="the target's tokenizer (default: --model) for token-exact mode")
     concurrency: int = Field(64, ge=1, description="requests in flight per endpoint")
     temperature: float = Field(0.7, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -124,7 +129,26 @@ def make_backend(config: GenerateConfig) -> Backend:
                                    seed=config.seed)
     retry = RetryPolicy(max_attempts=config.max_attempts, base_delay_s=config.retry_base_s)
     return OpenAIBackend(config.endpoints, config.model, params, concurrency=config.concurrency, retry=retry,
-                         timeout_s=config.request_timeout_s)
+                         timeout_s=config.request_timeout_s, tokens=token_mode(config, params))
+
+
+def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | None:
+    """Return the token-exact request builder the config asks for (None: chat completions, text only)."""
+    if config.engine == "chat":
+        return None
+    from transformers import AutoTokenizer
+
+    source = config.tokenizer or config.model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the target's tokenizer from {source!r} for token-exact generation "
+                          f"(pass --tokenizer PATH): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"the tokenizer at {source!r} has no chat template; token-exact generation renders with it")
+    kwargs = params.extra_body.get("chat_template_kwargs") if isinstance(params.extra_body, dict) else None
+    renderer = PromptRenderer(tokenizer, kwargs if isinstance(kwargs, dict) else None)
+    return TokenMode(renderer, config.engine, config.model, params)
 
 
 def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
@@ -264,7 +288,8 @@ class _Run:
                 self._fail(row.id, str(exc), status=exc.status, permanent=exc.permanent,
                            endpoint=exc.endpoint, attempts=exc.attempts, source=row.source)
                 continue
-            self.writer.add(output_record(row, result, self.config.model))
+            kwargs = self.config.extra_body.get("chat_template_kwargs")
+            self.writer.add(output_record(row, result, self.config.model, kwargs if isinstance(kwargs, dict) else None))
             if row.keep_responses:
                 self.stats.kept += 1
             else:

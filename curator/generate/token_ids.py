@@ -1,0 +1,331 @@
+"""Token-exact generation: each prompt rendered with the target's own chat template (tools included),
+sent to the engine as token ids, and the ids the target produced kept as they are.
+
+The engines' fields, checked in their source (SGLang 0.5.x `srt/managers/io_struct.py`
+GenerateReqInput and `tokenizer_manager.py`'s output dict; vLLM 0.1x `entrypoints/openai/protocol.py`
+CompletionRequest and CompletionResponseChoice):
+
+SGLang, native `POST /generate`
+    request   {"input_ids": [int], "sampling_params": {"temperature", "top_p", "max_new_tokens",
+               "skip_special_tokens"}, "stream": false}
+    response  {"text": str, "output_ids": [int], "meta_info": {"id", "finish_reason": {"type":
+               "stop" | "length" | "abort", "matched": int | str | null, "length"?, "message"?},
+               "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"}}
+vLLM, `POST /v1/completions` with a token-id prompt
+    request   {"model", "prompt": [int], "max_tokens", "temperature", "top_p",
+               "return_token_ids": true, "skip_special_tokens": false}
+    response  {"choices": [{"index", "text", "finish_reason", "stop_reason", "token_ids",
+               "prompt_token_ids"}], "usage": {"prompt_tokens", "completion_tokens"}}
+
+An engine that answers without the completion ids (an older vLLM ignores return_token_ids) is used
+in text mode for that answer, and the record says so. An engine that did not take the prompt ids
+as sent, or whose ids do not decode to its own text, fails that record with a permanent error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from curator.generate.client import Completion, RequestError, SamplingParams, split_reasoning
+from training.chat_tokens import MalformedRecordError, render, template_messages
+
+Engine = Literal["sglang", "vllm"]
+ENGINE_PATHS: dict[str, str] = {"sglang": "/generate", "vllm": "/v1/completions"}
+
+
+@dataclass
+class TokenRequest:
+    """One request in token mode: where it goes, its body, and the prompt ids it carries."""
+
+    path: str
+    body: dict[str, Any]
+    prompt_ids: list[int]
+
+
+@dataclass
+class EngineAnswer:
+    """What an engine sent back: the completion ids (None: it sent only text) and its bookkeeping."""
+
+    completion_ids: list[int] | None
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    stop_token: int | None = None  # the end token the engine stopped on, when it names one
+
+
+def sglang_request(prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
+    """Return the body of SGLang's native /generate request for prompt ids."""
+    sampling: dict[str, Any] = {"temperature": params.temperature, "max_new_tokens": params.max_tokens,
+                                "skip_special_tokens": False}
+    if params.top_p is not None:
+        sampling["top_p"] = params.top_p
+    return {"input_ids": list(prompt_ids), "sampling_params": sampling, "stream": False}
+
+
+def vllm_request(prompt_ids: Sequence[int], params: SamplingParams, model: str) -> dict[str, Any]:
+    """Return the body of a vLLM /v1/completions request with a token-id prompt that asks for the ids back."""
+    body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+                            "temperature": params.temperature, "return_token_ids": True,
+                            "skip_special_tokens": False, "stream": False}
+    if params.top_p is not None:
+        body["top_p"] = params.top_p
+    return body
+
+
+def _malformed(endpoint: str, what: str) -> RequestError:
+    return RequestError(f"malformed answer from {endpoint}: {what}", status=200, permanent=False, endpoint=endpoint)
+
+
+def _ignored_prompt(endpoint: str, detail: str) -> RequestError:
+    return RequestError(f"{endpoint} did not take the prompt token ids as sent ({detail}); "
+                        "token-exact generation needs an engine that accepts them", status=200, permanent=True,
+                        endpoint=endpoint)
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def parse_sglang(payload: Any, prompt_ids: Sequence[int], endpoint: str) -> EngineAnswer:
+    """Return the answer in a /generate response; RequestError when it is not one or the prompt was not taken."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("meta_info"), Mapping):
+        raise _malformed(endpoint, "no meta_info in the /generate response")
+    meta = payload["meta_info"]
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, Mapping) else finish
+    if kind == "abort":
+        message = finish.get("message") if isinstance(finish, Mapping) else None
+        raise RequestError(f"{endpoint} aborted the request: {message or 'no reason given'}", status=200,
+                           permanent=False, endpoint=endpoint)
+    prompt_tokens = meta.get("prompt_tokens")
+    if isinstance(prompt_tokens, int) and prompt_tokens != len(prompt_ids):
+        raise _ignored_prompt(endpoint, f"it counted {prompt_tokens} prompt tokens, {len(prompt_ids)} were sent")
+    ids = payload.get("output_ids")
+    matched = finish.get("matched") if isinstance(finish, Mapping) else None
+    return EngineAnswer(
+        completion_ids=list(ids) if _int_list(ids) else None,
+        text=str(payload.get("text") or ""),
+        finish_reason=str(kind or "unknown"),
+        prompt_tokens=int(prompt_tokens or len(prompt_ids)),
+        completion_tokens=int(meta.get("completion_tokens") or (len(ids) if _int_list(ids) else 0)),
+        stop_token=matched if isinstance(matched, int) and not isinstance(matched, bool) else None,
+    )
+
+
+def parse_vllm(payload: Any, prompt_ids: Sequence[int], endpoint: str) -> EngineAnswer:
+    """Return the answer in a /v1/completions response; RequestError when it is not one or the prompt was not taken."""
+    try:
+        choice = payload["choices"][0]
+        text = choice["text"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise _malformed(endpoint, f"no choices[0].text ({type(exc).__name__})") from exc
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        raise _ignored_prompt(endpoint, "prompt_token_ids differ from the ids sent")
+    usage = payload.get("usage") or {}
+    ids = choice.get("token_ids")
+    stop = choice.get("stop_reason")
+    return EngineAnswer(
+        completion_ids=list(ids) if _int_list(ids) else None,
+        text=str(text or ""),
+        finish_reason=str(choice.get("finish_reason") or "unknown"),
+        prompt_tokens=int(usage.get("prompt_tokens") or len(prompt_ids)),
+        completion_tokens=int(usage.get("completion_tokens") or (len(ids) if _int_list(ids) else 0)),
+        stop_token=stop if isinstance(stop, int) and not isinstance(stop, bool) else None,
+    )
+
+
+# ------------------------------------------------------------------------------ the answer's structure
+
+ToolCalls = list[dict[str, Any]]
+
+
+def _call(name: str, arguments: Any, index: int) -> dict[str, Any]:
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments)  # JSONDecodeError is a ValueError: the caller keeps the text
+    if not isinstance(arguments, dict):
+        raise ValueError("arguments are not an object")
+    return {"id": f"call_{index}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _hermes(text: str) -> tuple[str, ToolCalls]:
+    blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)
+    calls = []
+    for i, block in enumerate(blocks):
+        obj = json.loads(block)
+        calls.append(_call(obj["name"], obj.get("arguments", {}), i))
+    return re.sub(r"\s*<tool_call>.*?</tool_call>", "", text, flags=re.S).strip(), calls
+
+
+def _kimi(text: str) -> tuple[str, ToolCalls]:
+    section = re.search(r"<\|tool_calls_section_begin\|>(.*?)(?:<\|tool_calls_section_end\|>|$)", text, re.S)
+    if section is None:
+        return text, []
+    calls = []
+    for call_id, args in re.findall(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>(.*?)"
+                                    r"<\|tool_call_end\|>", section.group(1), re.S):
+        name = call_id.split(".", 1)[-1].rsplit(":", 1)[0]
+        call = _call(name, args, len(calls))
+        call["id"] = call_id
+        calls.append(call)
+    return text[: section.start()].strip(), calls
+
+
+def _llama3(text: str) -> tuple[str, ToolCalls]:
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):]
+    if not body.startswith("{"):
+        return text, []
+    obj = json.loads(body)
+    if not isinstance(obj, dict) or "name" not in obj:
+        return text, []
+    return "", [_call(obj["name"], obj.get("parameters", obj.get("arguments", {})), 0)]
+
+
+def _deepseek(text: str) -> tuple[str, ToolCalls]:
+    begin = text.find("<｜tool▁calls▁begin｜>")
+    if begin < 0:
+        return text, []
+    calls = []
+    for name, args in re.findall(r"<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>)?(.*?)\n```json\n(.*?)\n```"
+                                 r"<｜tool▁call▁end｜>", text[begin:], re.S):
+        calls.append(_call(name.strip(), args, len(calls)))
+    return text[:begin].strip(), calls
+
+
+def _harmony(text: str) -> tuple[str, str | None, ToolCalls]:
+    reasoning = re.findall(r"<\|channel\|>analysis<\|message\|>(.*?)(?:<\|end\|>|$)", text, re.S)
+    final = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", text, re.S)
+    calls = []
+    for name, args in re.findall(r"to=functions\.([\w.\-]+)\s*<\|channel\|>commentary[^<]*(?:<\|constrain\|>\w+)?"
+                                 r"<\|message\|>(.*?)(?:<\|call\|>|$)", text, re.S):
+        calls.append(_call(name, args, len(calls)))
+    return (final.group(1) if final else ""), ("\n".join(reasoning) or None), calls
+
+
+def answer_format(chat_template: str) -> str:
+    """Return the tool-call format a chat template writes (hermes, kimi, llama3, deepseek, harmony, none)."""
+    template = chat_template or ""
+    for marker, name in (("<|tool_calls_section_begin|>", "kimi"), ("<|channel|>", "harmony"),
+                         ("<｜tool▁calls▁begin｜>", "deepseek"), ("<tool_call>", "hermes"),
+                         ("<|start_header_id|>", "llama3")):
+        if marker in template:
+            return name
+    return "none"
+
+
+def parse_answer(text: str, fmt: str) -> tuple[str, str | None, ToolCalls]:
+    """Return (content, reasoning, tool_calls) of an answer the target wrote in its own format; a call that
+    does not parse stays in the content as text."""
+    if fmt == "harmony":
+        try:
+            return _harmony(text)
+        except (ValueError, KeyError, TypeError):
+            return text, None, []
+    content, reasoning = split_reasoning(text, None)
+    parser = {"hermes": _hermes, "kimi": _kimi, "llama3": _llama3, "deepseek": _deepseek}.get(fmt)
+    if parser is None:
+        return content, reasoning, []
+    try:
+        content, calls = parser(content)
+    except (ValueError, KeyError, TypeError):
+        return content, reasoning, []
+    return content, reasoning, calls
+
+
+# ------------------------------------------------------------------------------ the mode
+
+
+class PromptRenderer:
+    """Renders prompts with the target's own chat template and tokenizer, as its server would."""
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise RequestError("the target's tokenizer has no chat template; token-exact generation needs one",
+                               status=None, permanent=True, endpoint="")
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.format = answer_format(tokenizer.chat_template)
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Return the ids of `messages` rendered with the target's template and its generation prompt."""
+        try:
+            history, _ = template_messages({"id": "", "messages": [dict(m) for m in messages]})
+            options: dict[str, Any] = dict(self.chat_template_kwargs)
+            if tools:
+                options["tools"] = tools
+            text = render(self.tokenizer, history, True, **options)
+        except MalformedRecordError as exc:
+            raise RequestError(f"cannot render the prompt with the target's template: {exc}", status=None,
+                               permanent=True, endpoint="") from exc
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class TokenMode:
+    """Builds token-id requests for one engine and turns its answers into Completions with ids."""
+
+    def __init__(self, renderer: PromptRenderer, engine: Engine, model: str, params: SamplingParams) -> None:
+        if engine not in ENGINE_PATHS:
+            raise ValueError(f"engine must be one of {', '.join(ENGINE_PATHS)}, not {engine!r}")
+        self.renderer = renderer
+        self.tokenizer = renderer.tokenizer
+        self.format = renderer.format
+        self.engine = engine
+        self.model = model
+        self.params = params
+        self._end_strings = sorted({s for s in getattr(self.tokenizer, "all_special_tokens", []) if s}, key=len,
+                                   reverse=True)
+
+    def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> TokenRequest:
+        """Return the engine request for the target's answer to `messages`."""
+        ids = self.renderer.prompt_ids(messages, tools)
+        body = sglang_request(ids, self.params) if self.engine == "sglang" else vllm_request(ids, self.params, self.model)
+        return TokenRequest(ENGINE_PATHS[self.engine], body, ids)
+
+    def completion(self, payload: Any, request: TokenRequest, endpoint: str, latency_s: float) -> Completion:
+        """Return the Completion in an engine's answer, with its ids (or in text mode when it sent none)."""
+        parse = parse_sglang if self.engine == "sglang" else parse_vllm
+        answer = parse(payload, request.prompt_ids, endpoint)
+        ids = answer.completion_ids
+        if ids is None:
+            content, reasoning, calls = parse_answer(answer.text, self.format)
+            return Completion(content, reasoning, answer.finish_reason, answer.prompt_tokens,
+                              answer.completion_tokens, endpoint, latency_s, tool_calls=calls or None,
+                              mode="text", mode_reason=f"{self.engine} engine returned text without token ids")
+        if answer.stop_token is not None and (not ids or ids[-1] != answer.stop_token):
+            ids = ids + [answer.stop_token]  # the end-of-turn token is part of what the draft must learn
+        decoded = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if not self._matches(decoded, answer.text):
+            raise RequestError(f"{endpoint} returned token ids that do not decode to its text "
+                               f"({len(ids)} ids decode to {decoded[:60]!r}, text is {answer.text[:60]!r})",
+                               status=200, permanent=True, endpoint=endpoint)
+        content, reasoning, calls = parse_answer(self._strip_end(decoded), self.format)
+        return Completion(content, reasoning, answer.finish_reason, len(request.prompt_ids), len(ids), endpoint,
+                          latency_s, tool_calls=calls or None, prompt_ids=request.prompt_ids, completion_ids=ids,
+                          mode="token")
+
+    def _strip_end(self, text: str) -> str:
+        changed = True
+        while changed:
+            changed = False
+            for s in self._end_strings:
+                if text.endswith(s):
+                    text, changed = text[: -len(s)], True
+        return text
+
+    def _matches(self, decoded: str, text: str) -> bool:
+        # Engines leave the stop token out of their text (and may strip other specials): compare
+        # with the special-token strings taken out of both.
+        def plain(s: str) -> str:
+            for special in self._end_strings:
+                s = s.replace(special, "")
+            return s.strip()
+
+        return plain(decoded) == plain(text)
