@@ -1,0 +1,172 @@
+"""Token-exact generation: prompts rendered with the target's template and sent as ids to SGLang's
+/generate or vLLM's completions (tests/fakes/token_servers.py), the ids kept per generation, and
+training rows made from those ids with nothing re-tokenised."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from curator.generate import GenerateConfig, generate
+from curator.generate.client import SamplingParams
+from curator.generate.token_ids import parse_answer, sglang_request, vllm_request
+from curator.mix.build import SCHEMA
+from fakes.token_servers import FakeSGLangServer, FakeVLLMServer
+from test_chat_templates import TOOLS, tokenizer
+from training.chat_tokens import render, template_messages, tokenize_rows
+from training.gen_record import record_problem
+
+CALL = '<think>\nlook it up\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+OTHER_CALL = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>'
+ANSWER = "<think>\nit is sunny\n</think>\n\nyes<|im_end|>"
+
+
+def weather_policy(prompt: str) -> str:
+    """A target that calls get_weather when it has not seen the weather yet, then answers."""
+    if "get_weather" in prompt and '{"sky"' not in prompt and "time please" not in prompt:
+        return CALL
+    if "time please" in prompt:
+        return OTHER_CALL
+    return ANSWER
+
+
+AGENTIC_ROW = {"id": "agent", "turns": "all", "category": "agentic", "tools": json.dumps(TOOLS), "messages": [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "src_0", "name": "get_weather"},
+]}
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("qwen3_tok")
+    tokenizer("qwen3").save_pretrained(out)
+    return out
+
+
+def write_mix(mix: Path, rows: list[dict[str, Any]]) -> Path:
+    mix.mkdir(parents=True, exist_ok=True)
+    full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, "tools": None, **r}
+            for r in rows]
+    pq.write_table(pa.Table.from_pylist(full, schema=SCHEMA), mix / "part-00000.parquet")
+    return mix
+
+
+def run(tmp_path: Path, server: Any, tok_dir: Path, rows: list[dict[str, Any]]) -> tuple[dict[str, dict], list[dict]]:
+    mix = write_mix(tmp_path / "mix", rows)
+    generate(GenerateConfig(mix=mix, out=tmp_path / "out", model="target", endpoints=[server.url],
+                            engine=server.engine, tokenizer=str(tok_dir), concurrency=2, retry_base_s=0.01,
+                            max_attempts=2))
+    recs = [json.loads(line) for s in sorted((tmp_path / "out").glob("shard-*.jsonl")) for line in s.read_text().splitlines()]
+    errors_path = tmp_path / "out" / "errors.jsonl"
+    errors = [json.loads(line) for line in errors_path.read_text().splitlines()] if errors_path.exists() else []
+    return {r["id"]: r for r in recs}, errors
+
+
+@pytest.mark.parametrize("server_cls", [FakeSGLangServer, FakeVLLMServer])
+def test_agentic_row_keeps_the_targets_ids_tool_calls_and_the_source_result(tmp_path: Path, tok_dir: Path,
+                                                                            server_cls: Any) -> None:
+    tok = tokenizer("qwen3")
+    with server_cls(tok, weather_policy) as server:
+        recs, errors = run(tmp_path, server, tok_dir, [AGENTIC_ROW])
+        sent = [body for path, body in server.requests if path in ("/generate", "/v1/completions")]
+    assert errors == []
+    rec = recs["agent"]
+    assert rec["mode"] == "token" and record_problem(rec) is None
+    msgs = rec["messages"]
+    assert [(m["role"], m["train"]) for m in msgs] == [
+        ("system", False), ("user", False), ("assistant", True), ("tool", False), ("assistant", True)]
+    call = msgs[2]["tool_calls"][0]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert msgs[2]["reasoning_content"] == "look it up"
+    assert msgs[3]["tool_call_id"] == call["id"] and msgs[3]["content"] == '{"sky": "sunny"}'
+    assert msgs[4]["content"] == "yes"
+    # The ids sent are the target's own template over the conversation so far, tools included.
+    for gen, body in zip(rec["generations"], sent):
+        prompt_key = "input_ids" if server.engine == "sglang" else "prompt"
+        assert body[prompt_key] == gen["prompt_ids"]
+        history, _ = template_messages({"id": "", "messages": msgs[: gen["message"]]})
+        text = render(tok, history, True, tools=TOOLS)
+        assert gen["prompt_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert [tok.decode(g["completion_ids"], skip_special_tokens=False) for g in rec["generations"]] == [CALL, ANSWER]
+    # Training uses those ids as they are: one row (Qwen3 keeps this history as written), two spans.
+    (row,) = tokenize_rows(rec)
+    last = rec["generations"][-1]
+    assert row.input_ids.tolist() == last["prompt_ids"] + last["completion_ids"]
+    assert row.mode == "token" and int(row.loss_mask.sum()) == sum(len(g["completion_ids"]) for g in rec["generations"])
+
+
+def test_vllm_without_token_ids_falls_back_to_text_mode_and_says_so(tmp_path: Path, tok_dir: Path) -> None:
+    with FakeVLLMServer(tokenizer("qwen3"), weather_policy, legacy=True) as server:
+        recs, errors = run(tmp_path, server, tok_dir, [AGENTIC_ROW])
+    rec = recs["agent"]
+    assert errors == [] and rec["mode"] == "text" and "without token ids" in rec["mode_reason"]
+    assert "generations" not in rec and rec["messages"][2]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert tokenize_rows(rec, tokenizer("qwen3"))[0].mode == "text"
+
+
+@pytest.mark.parametrize("server_cls,fault,message", [
+    (FakeSGLangServer, "ignore_input_ids", "did not take the prompt token ids"),
+    (FakeVLLMServer, "reprompt", "did not take the prompt token ids"),
+    (FakeSGLangServer, "garble_ids", "do not decode to its text"),
+])
+def test_an_engine_that_breaks_the_ids_fails_that_record_and_the_run_goes_on(
+        tmp_path: Path, tok_dir: Path, server_cls: Any, fault: str, message: str) -> None:
+    rows = [AGENTIC_ROW, {"id": "plain", "messages": [{"role": "user", "content": "hello"}]}]
+    with server_cls(tokenizer("qwen3"), weather_policy, **{fault: True}) as server:
+        recs, errors = run(tmp_path, server, tok_dir, rows)
+    assert recs == {} and {e["id"] for e in errors} == {"agent", "plain"}
+    assert all(message in e["error"] and e["permanent"] for e in errors)
+
+
+def test_the_conversation_ends_where_the_target_leaves_the_source_trajectory(tmp_path: Path, tok_dir: Path) -> None:
+    rows = [
+        {**AGENTIC_ROW, "id": "other", "messages": [
+            {"role": "user", "content": "time please"},
+            {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "src_0", "name": "get_weather"},
+            {"role": "user", "content": "thanks"}]},
+        {**AGENTIC_ROW, "id": "none", "tools": None, "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "src_0", "name": "get_weather"}]},
+    ]
+    with FakeSGLangServer(tokenizer("qwen3"), weather_policy) as server:
+        recs, errors = run(tmp_path, server, tok_dir, rows)
+    assert errors == []
+    assert recs["other"]["stop_reason"] == "other_tool" and recs["none"]["stop_reason"] == "no_tool_call"
+    for rec in recs.values():  # the last message is the target's own answer, still trained
+        assert rec["messages"][-1]["role"] == "assistant" and rec["messages"][-1]["train"]
+        assert len(rec["generations"]) == 1
+
+
+def test_request_bodies_carry_the_engines_own_fields() -> None:
+    params = SamplingParams(temperature=0.0, top_p=0.9, max_tokens=7)
+    assert sglang_request([1, 2], params) == {
+        "input_ids": [1, 2], "stream": False,
+        "sampling_params": {"temperature": 0.0, "top_p": 0.9, "max_new_tokens": 7, "skip_special_tokens": False}}
+    assert vllm_request([1, 2], params, "m") == {
+        "model": "m", "prompt": [1, 2], "max_tokens": 7, "temperature": 0.0, "top_p": 0.9,
+        "return_token_ids": True, "skip_special_tokens": False, "stream": False}
+
+
+@pytest.mark.parametrize("fmt,text,calls", [
+    ("kimi", "<think>r</think>ok<|tool_calls_section_begin|><|tool_call_begin|>functions.ls:0"
+             '<|tool_call_argument_begin|>{"p":"."}<|tool_call_end|><|tool_calls_section_end|>',
+     [{"id": "functions.ls:0", "type": "function", "function": {"name": "ls", "arguments": '{"p": "."}'}}]),
+    ("llama3", '{"name": "ls", "parameters": {"p": "."}}',
+     [{"id": "call_0", "type": "function", "function": {"name": "ls", "arguments": '{"p": "."}'}}]),
+    ("deepseek", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>ls\n```json\n{"p": "."}\n```'
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     [{"id": "call_0", "type": "function", "function": {"name": "ls", "arguments": '{"p": "."}'}}]),
+    ("harmony", '<|channel|>analysis<|message|>r<|end|><|start|>assistant to=functions.ls<|channel|>commentary '
+                '<|constrain|>json<|message|>{"p": "."}<|call|>',
+     [{"id": "call_0", "type": "function", "function": {"name": "ls", "arguments": '{"p": "."}'}}]),
+])
+def test_tool_calls_are_read_back_from_each_targets_own_format(fmt: str, text: str, calls: list[dict]) -> None:
+    _, reasoning, got = parse_answer(text, fmt)
+    assert got == calls
+    assert reasoning == ("r" if fmt in ("kimi", "harmony") else None)
