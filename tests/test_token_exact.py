@@ -170,3 +170,36 @@ def test_tool_calls_are_read_back_from_each_targets_own_format(fmt: str, text: s
     _, reasoning, got = parse_answer(text, fmt)
     assert got == calls
     assert reasoning == ("r" if fmt in ("kimi", "harmony") else None)
+
+
+def test_hidden_states_and_plan_read_the_stored_ids_and_say_which_mode_made_each_sample() -> None:
+    from training.hidden_states import ExtractStats, prepare_samples
+    from training.plan import data_lengths
+
+    token = {"id": "t", "mode": "token", "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "train": True}],
+        "generations": [{"message": 1, "prompt_ids": [5, 6, 7], "completion_ids": [8, 9]}]}
+    text = {"id": "x", "messages": [{"role": "user", "content": "hello"},
+                                    {"role": "assistant", "content": "yes", "train": True}]}
+    samples = list(prepare_samples([token, text], tokenizer("qwen3"), ExtractStats(), done=set()))
+    assert [(s.id, s.mode) for s in samples] == [("t", "token"), ("x", "text")]
+    assert samples[0].input_ids.tolist() == [5, 6, 7, 8, 9] and samples[0].loss_mask.tolist() == [0, 0, 0, 1, 1]
+    assert data_lengths([token], None)[:2] == ([5], "stored ids")
+
+
+def test_the_store_records_which_mode_made_each_sample(tmp_path: Path, tiny_target: Path) -> None:
+    from training.hidden_states import extract, load_target, store_meta
+    from training.store import HiddenStateStore
+
+    model, tok = load_target(tiny_target, "cpu")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "def value"}], tokenize=True,
+                                     add_generation_prompt=True, return_dict=False)
+    token = {"id": "t", "mode": "token", "messages": [
+        {"role": "user", "content": "def value"}, {"role": "assistant", "content": "return self", "train": True}],
+        "generations": [{"message": 1, "prompt_ids": prompt,
+                         "completion_ids": tok("return self<|end|>", add_special_tokens=False)["input_ids"]}]}
+    text = {**token, "id": "x", "mode": "text"}
+    meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
+    extract(model, tok, [token, text], tmp_path / "store", meta)
+    store = HiddenStateStore.open(tmp_path / "store")
+    assert (store.mode("t"), store.mode("x")) == ("token", "text")

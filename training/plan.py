@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.chat_tokens import MalformedRecordError, template_messages
+from training.chat_tokens import MalformedRecordError, template_messages, template_options, tokenize_rows
 from training.errors import TrainingError
 from training.target_config import config_path, read_target_config
 from training.store import bytes_per_token
@@ -51,12 +51,16 @@ def load_shape(model: str | Path) -> ModelShape:
 def record_length(record: dict[str, Any], tokenizer: Any | None) -> tuple[int, str]:
     """Return (token count of a generation record, how it was measured).
 
-    With the target's tokenizer: the exact chat-template length. Without one: the request's usage
+    Token-mode records: their stored ids. With the target's tokenizer: the exact chat-template length
+    (tools included). Without one: the request's usage
     (prompt + completion tokens of its last call), else characters / 4.
     """
+    if record.get("mode") == "token":
+        # The target's own ids, as hidden-states stores them (a row per re-rendered generation).
+        return sum(len(row) for row in tokenize_rows(record)), "stored ids"
     if tokenizer is not None:
         messages, _ = template_messages(record)
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **template_options(record))
         return len(ids), "chat template"
     usage = record.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):

@@ -474,6 +474,10 @@ class HiddenStateStore:
         """Return the category recorded for sample `sid`."""
         return str(self._entries[sid].get("category", ""))
 
+    def mode(self, sid: str) -> str:
+        """Return which generation mode made sample `sid`'s ids: "token", "text", or "" (not recorded)."""
+        return str(self._entries[sid].get("mode", ""))
+
     def total_tokens(self) -> int:
         """Return the number of tokens over all stored samples."""
         return sum(int(e["length"]) for e in self._entries.values())
