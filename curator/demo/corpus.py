@@ -1,6 +1,10 @@
 """Demo data: a few hundred small prompts with answers, written for this project, in each row
 format that build-mix reads (ShareGPT, messages, alpaca, instruction/response, SWE-agent
-trajectories, glaive, xlam, OpenThoughts).
+trajectories, glaive, xlam, OpenThoughts, and OpenAI-style messages with structured tool calls).
+
+The demo target writes tool calls as real agentic targets do: in its own special tokens
+(`<tool_call>`/`</tool_call>`, added by `add_tool_tokens`), from tools declared by its chat template
+(DEMO_CHAT_TEMPLATE), so generation, masks and acceptance on the agentic category are exercised.
 
 DEMO DATA, NOT A REAL DATA SET. The rows are generated from templates with a fixed seed so
 that a tiny target trained on them for a minute has answers with structure (code shapes,
@@ -15,9 +19,11 @@ import json
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tokenizers import AddedToken
 
 NAMES = ["total", "largest", "smallest", "product", "count_even", "mean", "clamp", "reverse", "unique", "flatten",
          "merge", "chunk", "rotate", "window", "running_sum", "parse_int", "strip_all", "join_words"]
@@ -111,6 +117,57 @@ def xlam_row(rng: random.Random, index: int) -> dict[str, object]:
     return {"id": index, "query": f"Please run {tool} for {city}.", "tools": json.dumps(tools), "answers": json.dumps(answers)}
 
 
+TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]
+
+# The toy template (training/toy_target.py) with tools: declared in a system turn, calls written in
+# the assistant turn between the tool-call special tokens, results in tool turns.
+DEMO_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>\nTools: ' }}{% for t in tools %}{{ t['function']['name'] + ' ' }}{% endfor %}"
+    "{{ '<|end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
+    "{{ '<think>' + message['reasoning_content'] + '</think>' }}"
+    "{% endif %}"
+    "{{ message['content'] }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set args = call['function']['arguments'] %}"
+    "{{ '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ args if args is string else args | tojson }}{{ '}</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+def add_tool_tokens(model: Any, tokenizer: Any) -> None:
+    """Give the demo target its tool-call special tokens and DEMO_CHAT_TEMPLATE (the embeddings grow to fit)."""
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in TOOL_CALL_TOKENS],
+                         special_tokens=True)
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    tokenizer.chat_template = DEMO_CHAT_TEMPLATE
+
+
+def tool_schema(name: str) -> dict[str, object]:
+    """Return the OpenAI-shape schema of a demo tool (one string argument, `city`)."""
+    return {"type": "function", "function": {"name": name, "description": f"Call {name}", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def tool_conversation(rng: random.Random, index: int) -> dict[str, object]:
+    """Return an OpenAI-style messages row: tools offered, a structured call, its result, the answer."""
+    tool, city = rng.choice(TOOLS), rng.choice(CITIES)
+    call_id = f"call_{index}"
+    return {"id": f"tc{index}", "tools": [tool_schema(tool)], "messages": [
+        {"role": "user", "content": f"Please run {tool} for {city}."},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function", "function": {
+            "name": tool, "arguments": json.dumps({"city": city})}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"city": city, "result": "ok"})},
+        {"role": "assistant", "content": f"I called {tool} for {city} and the result is ok."},
+    ]}
+
+
 def write_demo_sources(out_dir: str | Path, seed: int = 0, rows_per_source: int = 48) -> dict[str, Path]:
     """Write one demo file per row format into `out_dir`; return {format: path}."""
     out = Path(out_dir)
@@ -163,6 +220,8 @@ def write_demo_sources(out_dir: str | Path, seed: int = 0, rows_per_source: int 
     ])
     # xlam-function-calling-60k.
     paths["xlam"] = jsonl("xlam.jsonl", [xlam_row(rng, i) for i in range(n // 2)])
+    # OpenAI-style messages with `tools` and structured `tool_calls` (the agentic case's shape).
+    paths["tools"] = jsonl("tool_calls.jsonl", [tool_conversation(rng, i) for i in range(n)])
     # OpenThoughts-114k: system + from/value conversations with reasoning in the answer.
     ot = []
     for p, a in pairs(coding_pair, n // 2):
@@ -176,12 +235,16 @@ def write_demo_sources(out_dir: str | Path, seed: int = 0, rows_per_source: int 
     return paths
 
 
-def demo_conversations(seed: int = 0, n: int = 1200) -> list[list[dict[str, str]]]:
-    """Return `n` chat conversations with answers, like the demo sources' (to train the target on)."""
+def demo_conversations(seed: int = 0, n: int = 1200) -> list[list[dict[str, Any]]]:
+    """Return `n` chat conversations with answers, like the demo sources' (to train the target on);
+    every fifth is a tool-calling one, so the target learns to write calls in its special tokens."""
     rng = random.Random(seed + 1)
     makers = [coding_pair, concept_pair, debug_pair]
-    convs: list[list[dict[str, str]]] = []
+    convs: list[list[dict[str, Any]]] = []
     for i in range(n):
+        if i % 5 == 4:
+            convs.append(tool_conversation(rng, i)["messages"])  # type: ignore[arg-type]
+            continue
         if i % 10 == 9:
             steps = swe_trajectory(rng)
             role = {"system": "system", "user": "user", "ai": "assistant"}
@@ -204,7 +267,8 @@ def demo_texts(seed: int = 0, n: int = 1200) -> list[str]:
 def write_heldout_prompts(path: str | Path, seed: int = 99, n: int = 24) -> Path:
     """Write `n` held-out evaluation prompts as JSONL ({id, category, messages}); return the path."""
     rng = random.Random(seed)
-    makers = [("code", coding_pair), ("chat", concept_pair), ("debugging", debug_pair)]
+    makers = [("code", coding_pair), ("chat", concept_pair), ("debugging", debug_pair),
+              ("agentic", lambda r: (f"Please run {r.choice(TOOLS)} for {r.choice(CITIES)}.", ""))]
     rows = []
     for i in range(n):
         category, make = makers[i % len(makers)]

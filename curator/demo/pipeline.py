@@ -21,7 +21,13 @@ import torch
 import yaml
 
 from curator.catalog import Catalog
-from curator.demo.corpus import demo_conversations, demo_texts, write_demo_sources, write_heldout_prompts
+from curator.demo.corpus import (
+    add_tool_tokens,
+    demo_conversations,
+    demo_texts,
+    write_demo_sources,
+    write_heldout_prompts,
+)
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import CuratorError
 from curator.ui import console, summary_table
@@ -134,7 +140,7 @@ class Demo:
         # The approved datasets cannot be downloaded offline; the demo files stand in for them,
         # one per row format, so the same normalisers run as on the real data.
         categories = {"sharegpt": "chat", "messages": "chat", "alpaca": "debugging", "magicoder": "code",
-                      "swe-agent": "agentic", "glaive": "agentic", "xlam": "agentic", "openthoughts": "reasoning"}
+                      "swe-agent": "agentic", "glaive": "agentic", "xlam": "agentic", "tools": "agentic", "openthoughts": "reasoning"}
         recipe = {
             "name": "demo-mix",
             "seed": self.s.seed,
@@ -167,6 +173,7 @@ class Demo:
                 hidden_size=self.s.target_hidden, num_layers=self.s.target_layers,
                 num_heads=4, num_kv_heads=2, max_position_embeddings=2048,
             )
+            add_tool_tokens(model, tokenizer)  # tool calls in the target's own special tokens
             rows = chat_token_batches(tokenizer, demo_conversations(self.s.seed), seq_len=256)
             losses = train_causal_lm(model, rows, steps=self.s.target_steps, batch_size=16, lr=3e-3,
                                      seed=self.s.seed, time_budget_s=self.s.target_train_s)
@@ -254,6 +261,8 @@ class Demo:
             data = json.loads(out.read_text())
             self.report.acceptance_length = data["acceptance_length"]
             self.report.acceptance_measured = [r["rate"] for r in data["overall"]["per_position"]]
+            agentic = (data.get("categories") or {}).get("agentic") or {}
+            self.report.acceptance_agentic = agentic.get("acceptance_length")
             offline = data.get("offline_estimate") or {}
             if offline.get("accept_length") is not None:
                 self.report.acceptance_length_estimated = float(offline["accept_length"])
@@ -262,7 +271,7 @@ class Demo:
                 prefix *= float(cond)  # P(draft tokens 1..k all right) = product of conditionals
                 self.report.acceptance_estimated.append(prefix)
             return {"prompts": data["prompts_decoded"], "acceptance length": self.report.acceptance_length,
-                    "estimated": self.report.acceptance_length_estimated}
+                    "agentic": self.report.acceptance_agentic, "estimated": self.report.acceptance_length_estimated}
 
         self._cli("eval", argv, figures)
 
@@ -271,7 +280,8 @@ class Demo:
         (self.w / "report.json").write_text(json.dumps(
             {"stages": [s.__dict__ for s in self.report.stages], "mix": self.report.mix_counts,
              "acceptance_length": self.report.acceptance_length,
-             "acceptance_length_estimated": self.report.acceptance_length_estimated}, indent=1, default=str))
+             "acceptance_length_estimated": self.report.acceptance_length_estimated,
+             "acceptance_length_agentic": self.report.acceptance_agentic}, indent=1, default=str))
         console.rule("[bold]report")
         console.print(summary_table("curator demo", summary_rows(self.report)))
         console.print(f"open [bold]{html_path}[/] in a browser for the plots")

@@ -40,6 +40,7 @@ class DemoReport:
     acceptance_estimated: list[float] = field(default_factory=list)  # per TTT step (offline)
     acceptance_length: float | None = None
     acceptance_length_estimated: float | None = None
+    acceptance_agentic: float | None = None  # measured on the held-out tool-calling prompts
 
     def figure(self, stage: str, key: str) -> Any:
         """Return one figure of a stage, or None."""
@@ -135,6 +136,8 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         parts.append(
             f"<p><b>Acceptance length</b> (tokens per target forward): measured {report.acceptance_length:.2f}"
             + (f", estimated offline {est:.2f}" if est is not None else "")
+            + (f"; on the agentic (tool-calling) prompts {report.acceptance_agentic:.2f}"
+               if report.acceptance_agentic is not None else "")
             + "</p>"
         )
     parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>seconds</th><th>figures</th><th>command</th></tr>")
@@ -170,6 +173,8 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("training loss", f"{train_rows[0]['loss']:.3f} -> {train_rows[-1]['loss']:.3f} over {train_rows[-1]['step']} steps"))
     if report.acceptance_length is not None:
         rows.append(("acceptance length, measured", f"{report.acceptance_length:.2f}"))
+    if report.acceptance_agentic is not None:
+        rows.append(("acceptance length, agentic prompts", f"{report.acceptance_agentic:.2f}"))
     if report.acceptance_length_estimated is not None:
         rows.append(("acceptance length, estimated", f"{report.acceptance_length_estimated:.2f}"))
     return rows
