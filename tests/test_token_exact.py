@@ -203,3 +203,25 @@ def test_the_store_records_which_mode_made_each_sample(tmp_path: Path, tiny_targ
     extract(model, tok, [token, text], tmp_path / "store", meta)
     store = HiddenStateStore.open(tmp_path / "store")
     assert (store.mode("t"), store.mode("x")) == ("token", "text")
+
+
+def test_reference_bench_counts_answers_whose_ids_change_when_retokenised(tmp_path: Path) -> None:
+    from bench.reference.modes import mismatch_share, text_copy
+
+    tok = tokenizer("qwen3")
+    prompt = tok(render(tok, [{"role": "user", "content": "reply with the word yes"}], True, enable_thinking=False),
+                 add_special_tokens=False)["input_ids"]
+    canonical = tok("yes<|im_end|>", add_special_tokens=False)["input_ids"]
+    spelled = [i for ch in "yes" for i in tok(ch, add_special_tokens=False)["input_ids"]] + canonical[-1:]
+    assert spelled != canonical  # the target chose a non-canonical split, as real targets sometimes do
+    messages = [{"role": "user", "content": "reply with the word yes"}, {"role": "assistant", "content": "yes", "train": True}]
+    recs = [{"id": f"r{i}", "mode": "token", "messages": messages, "chat_template_kwargs": {"enable_thinking": False},
+             "generations": [{"message": 1, "prompt_ids": prompt, "completion_ids": ids}]}
+            for i, ids in enumerate([canonical, spelled])]
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "shard-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    share = mismatch_share(gen, tok)
+    assert (share["records"], share["mismatched"], share["share"]) == (2, 1, 0.5)
+    twin = [json.loads(line) for line in (text_copy(gen, tmp_path / "text") / "shard-00000.jsonl").read_text().splitlines()]
+    assert all(r["mode"] == "text" and "generations" not in r for r in twin)

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.reference.modes import mismatch_share, text_copy  # noqa: E402
 from bench.reference.target import build_reference_target, code_windows, python_sources, split_sources  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
 from training import hidden_states  # noqa: E402
@@ -133,14 +134,23 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                      "output_tokens_per_s": round(stats.output_tokens_per_s)}
     results["generate"] = gen
 
+    # Token mode trains on the target's own ids; text mode on the same answers re-tokenised
+    # (`--modes text,token` compares them on the same prompts and steps).
+    modes = [m for m in args.modes.split(",") if m]
+    results["retokenisation"] = {name: mismatch_share(w / f"gen-{name}", tok) for name in ("pool", "heldout")}
+    print(json.dumps({"retokenisation": results["retokenisation"]}), flush=True)
     dtypes = ["bf16", "fp8"] if args.fp8 else ["bf16"]
     capture: dict[str, Any] = {}
-    for dtype in dtypes:
-        for name in ("pool", "heldout"):
-            with timer(f"hidden-states-{name}-{dtype}"):
-                stats = hidden_states.run(w / "target", w / f"gen-{name}", w / f"states-{name}-{dtype}", dtype=dtype)
-            capture[f"{name}-{dtype}"] = {"tokens": stats.tokens, "tokens_per_s": round(stats.tokens_per_s),
-                                         "bytes": HiddenStateStore.open(w / f"states-{name}-{dtype}").disk_bytes()}
+    for mode in modes:
+        for dtype in dtypes:
+            for name in ("pool", "heldout"):
+                gen_dir = w / f"gen-{name}" if mode == "token" else text_copy(w / f"gen-{name}", w / f"gen-{name}-text")
+                states = w / f"states-{name}-{dtype}{'' if mode == 'token' else '-text'}"
+                with timer(f"hidden-states-{name}-{dtype}-{mode}"):
+                    stats = hidden_states.run(w / "target", gen_dir, states, dtype=dtype)
+                capture[f"{name}-{dtype}{'' if mode == 'token' else '-text'}"] = {
+                    "tokens": stats.tokens, "tokens_per_s": round(stats.tokens_per_s),
+                    "bytes": HiddenStateStore.open(states).disk_bytes()}
     results["hidden_states"] = capture
     results["stages_s"] = timer.stages
     save(results)
@@ -150,13 +160,14 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     target, tokenizer = load_target(w / "target", device=device, dtype=torch.float32)
     eval_prompts = [EvalPrompt(id=f"heldout-{i}", messages=[{"role": "user", "content": p}], category="code")
                     for i, p in enumerate(held[: args.eval_prompts])]
-    runs = [(n, "bf16") for n in pools] + ([(pools[-1], "fp8")] if args.fp8 else [])
+    runs = [(n, "bf16", mode) for mode in modes for n in pools] + ([(pools[-1], "fp8", modes[-1])] if args.fp8 else [])
     curve: list[dict[str, Any]] = []
     results["curve"] = curve
-    for n, dtype in runs:
-        tag = f"{n}-{dtype}"
+    for n, dtype, mode in runs:
+        sfx = "" if mode == "token" else "-text"
+        tag = f"{n}-{dtype}{sfx}"
         cfg = TrainConfig(
-            data=str(w / f"states-pool-{dtype}"), eval_data=str(w / f"states-heldout-{dtype}"),
+            data=str(w / f"states-pool-{dtype}{sfx}"), eval_data=str(w / f"states-heldout-{dtype}{sfx}"),
             target=str(w / "target"), out=str(w / f"run-{tag}"), max_train_samples=n,
             draft_vocab_size=args.vocab, ttt_steps=args.ttt_steps, lr=args.lr, warmup_ratio=0.03,
             global_batch_size=args.batch, micro_batch_size=args.batch, max_steps=args.train_steps,
@@ -169,7 +180,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         draft = load_draft(w / f"export-{tag}", w / "target").to(device)
         with timer(f"offline-{tag}"):
             head = TargetHead.from_pretrained(w / "target", dtype=torch.float32, device=device)
-            held_store = HiddenStateStore.open(w / f"states-heldout-{dtype}")
+            held_store = HiddenStateStore.open(w / f"states-heldout-{dtype}{sfx}")
             offline = offline_metrics(draft.float(), held_store, held_store.ids(), args.eval_steps, head,
                                       max_length=cfg.max_length)
         draft = draft.to(torch.bfloat16 if device == "cuda" else torch.float32)
@@ -177,7 +188,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
             report = evaluate(target, tokenizer, DraftProposer(draft), eval_prompts, steps=args.eval_steps,
                               max_new_tokens=args.eval_new_tokens, tie_margin=1e-2 if device == "cuda" else 1e-4)
         row = {
-            "pool": n, "dtype": dtype, "train_steps": result.step,
+            "pool": n, "dtype": dtype, "mode": mode, "train_steps": result.step,
             "train_tokens_per_s": result.train.get("tokens_per_s"),
             "offline_accept_length": round(offline["accept_length"], 3),
             "offline_acc": [round(a, 3) for a in offline["acc"]],
@@ -219,6 +230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=24)
     p.add_argument("--eval-new-tokens", type=int, default=64)
     p.add_argument("--eval-steps", type=int, default=4)
+    p.add_argument("--modes", default="token", help="generation modes to train drafts on: token (the target's own "
+                   "ids), text (the same answers re-tokenised), or text,token to compare them")
     p.add_argument("--fp8", action="store_true", help="also train and evaluate on fp8-stored states at the largest pool")
     args = p.parse_args(argv)
     if args.tiny:
@@ -248,9 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args, save)
     results["total_s"] = round(time.perf_counter() - t0, 1)
     results.update(env)
-    print(f"{'pool':>6} {'dtype':>5} {'offline AL':>10} {'measured AL':>11}")
+    print(f"{'pool':>6} {'dtype':>5} {'mode':>5} {'offline AL':>10} {'measured AL':>11}")
     for row in results["curve"]:
-        print(f"{row['pool']:>6} {row['dtype']:>5} {row['offline_accept_length']:>10.3f} {row['measured_accept_length']:>11.3f}")
+        print(f"{row['pool']:>6} {row['dtype']:>5} {row['mode']:>5} {row['offline_accept_length']:>10.3f} "
+              f"{row['measured_accept_length']:>11.3f}")
     line = json.dumps(results)
     print(line)
     if args.out:
