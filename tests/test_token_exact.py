@@ -225,3 +225,16 @@ def test_reference_bench_counts_answers_whose_ids_change_when_retokenised(tmp_pa
     assert (share["records"], share["mismatched"], share["share"]) == (2, 1, 0.5)
     twin = [json.loads(line) for line in (text_copy(gen, tmp_path / "text") / "shard-00000.jsonl").read_text().splitlines()]
     assert all(r["mode"] == "text" and "generations" not in r for r in twin)
+
+
+def test_cli_generate_with_engine_and_tokenizer_writes_token_records(tmp_path: Path, tok_dir: Path) -> None:
+    from curator.cli import main
+
+    mix = write_mix(tmp_path / "mix", [AGENTIC_ROW])
+    with FakeSGLangServer(tokenizer("qwen3"), weather_policy) as server:
+        code = main(["generate", "--mix", str(mix), "--out", str(tmp_path / "out"), "--model", "target",
+                     "--endpoint", server.url, "--engine", "sglang", "--tokenizer", str(tok_dir),
+                     "--catalog", str(tmp_path / "c.duckdb")])
+    assert code in (0, None)
+    (line,) = (tmp_path / "out" / "shard-00000.jsonl").read_text().splitlines()
+    assert json.loads(line)["mode"] == "token"

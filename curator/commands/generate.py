@@ -105,6 +105,9 @@ def generate_command(
     batch_size: int = typer.Option(16, "--batch-size", help="transformers backend: conversations per batch."),
     device: Optional[str] = typer.Option(None, "--device", help="transformers backend: cuda, mps or cpu (default: best present)."),
     seed: int = typer.Option(0, "--seed", help="transformers backend: sampling seed."),
+    engine: str = typer.Option("chat", "--engine", help="token-exact generation: sglang (/generate with input_ids) "
+                               "or vllm (completions with token ids); chat: chat completions, text only."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="token-exact: the target's tokenizer (default: --model)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
 ) -> None:
     """Regenerate every answer of a mix through the target model; resumes by sample id."""
@@ -114,6 +117,7 @@ def generate_command(
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_body=_parse_extra_body(extra_body),
             retry_errors=retry_errors, limit=limit, batch_size=batch_size, device=device, seed=seed,
             request_timeout_s=request_timeout, max_attempts=max_attempts,
+            engine=engine, tokenizer=tokenizer,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
