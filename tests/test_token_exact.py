@@ -217,12 +217,13 @@ def test_reference_bench_counts_answers_whose_ids_change_when_retokenised(tmp_pa
     messages = [{"role": "user", "content": "reply with the word yes"}, {"role": "assistant", "content": "yes", "train": True}]
     recs = [{"id": f"r{i}", "mode": "token", "messages": messages, "chat_template_kwargs": {"enable_thinking": False},
              "generations": [{"message": 1, "prompt_ids": prompt, "completion_ids": ids}]}
-            for i, ids in enumerate([canonical, spelled])]
+            for i, ids in enumerate([canonical, spelled, canonical[:-1]])]  # the last: cut off at max_tokens
     gen = tmp_path / "gen"
     gen.mkdir()
     (gen / "shard-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     share = mismatch_share(gen, tok)
-    assert (share["records"], share["mismatched"], share["share"]) == (2, 1, 0.5)
+    assert (share["records"], share["mismatched"], share["end_token_added_only"]) == (3, 2, 1)
+    assert share["share_answer_tokens_changed"] == round(1 / 3, 4)
     twin = [json.loads(line) for line in (text_copy(gen, tmp_path / "text") / "shard-00000.jsonl").read_text().splitlines()]
     assert all(r["mode"] == "text" and "generations" not in r for r in twin)
 

@@ -45,9 +45,11 @@ def mismatch_share(gen_dir: str | Path, tokenizer: Any) -> dict[str, Any]:
     """Return how many token-mode records train on other ids once re-rendered and re-tokenised as text.
 
     A record mismatches when its text-mode rows differ from its token-mode rows in any id or mask
-    position (the answers' ids, or the prompt ids before them).
+    position (the answers' ids, or the prompt ids before them); `end_token_added_only` counts those
+    that differ only by the end token a cut-off answer gets back when re-rendered, and
+    `share_answer_tokens_changed` the rest.
     """
-    records = mismatched = masked = masked_wrong = 0
+    records = mismatched = end_only = masked = masked_wrong = 0
     for rec in iter_generation(gen_dir):
         if rec.get("mode") != "token":
             continue
@@ -61,7 +63,13 @@ def mismatch_share(gen_dir: str | Path, tokenizer: Any) -> dict[str, Any]:
         mismatched += int(not same)
         want = [i for r in exact for i in r.input_ids[r.loss_mask].tolist()]
         got = [i for r in retok for i in r.input_ids[r.loss_mask].tolist()]
+        # An answer cut off at max_tokens has no end token; its text re-rendered gets one the target
+        # never wrote. Counted apart from answers whose own tokens change.
+        end_only += int(not same and len(exact) == len(retok) == 1 and got[:-1] == want
+                        and _trained(exact[0])[0] == _trained(retok[0])[0][:-1])
         masked += len(want)
         masked_wrong += sum(1 for a, b in zip(want, got) if a != b) + abs(len(want) - len(got))
-    return {"records": records, "mismatched": mismatched, "share": round(mismatched / records, 4) if records else 0.0,
+    share = (lambda k: round(k / records, 4) if records else 0.0)
+    return {"records": records, "mismatched": mismatched, "share": share(mismatched),
+            "end_token_added_only": end_only, "share_answer_tokens_changed": share(mismatched - end_only),
             "answer_tokens": masked, "answer_tokens_differing": masked_wrong}
