@@ -34,9 +34,6 @@ import torch
 from training.errors import TrainingError
 from training.gen_record import messages_problem, record_problem
 
-ROLES = ("system", "user", "assistant", "tool")
-
-
 class MalformedRecordError(TrainingError):
     """A generation-output record cannot be tokenised (missing fields, template refuses it)."""
 
@@ -116,7 +113,7 @@ def _special_strings(tokenizer: Any) -> list[str]:
 
 
 @dataclass
-class _Answer:
+class Answer:
     """One train answer in text mode: its index, the prompt text it was generated after, its text."""
 
     message: int
@@ -126,7 +123,7 @@ class _Answer:
 
 
 def text_answers(tokenizer: Any, messages: list[dict[str, Any]], train: list[bool],
-                 **options: Any) -> list[_Answer]:
+                 **options: Any) -> list[Answer]:
     """Return every train answer as (its prompt rendering, the text the template adds for it)."""
     answers = []
     for k, is_train in enumerate(train):
@@ -140,7 +137,7 @@ def text_answers(tokenizer: Any, messages: list[dict[str, Any]], train: list[boo
                 "(its rendering does not start with the generation prompt)"
             )
         text = through[len(head):].rstrip()
-        answers.append(_Answer(k, head, text, through[len(head) + len(text):]))
+        answers.append(Answer(k, head, text, through[len(head) + len(text):]))
     return answers
 
 
@@ -148,7 +145,7 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
-def _text_rows(tokenizer: Any, answers: list[_Answer]) -> list[tuple[list[int], list[bool], list[int]]]:
+def _text_rows(tokenizer: Any, answers: list[Answer]) -> list[tuple[list[int], list[bool], list[int]]]:
     """Return rows (ids, mask, answer message indices), latest answer first."""
     rows = []
     pending = list(answers)
@@ -158,7 +155,7 @@ def _text_rows(tokenizer: Any, answers: list[_Answer]) -> list[tuple[list[int], 
         members = [a for a in pending if row_text.startswith(a.head + a.text)] + [last]
         ids: list[int] = []
         mask: list[bool] = []
-        kept: list[_Answer] = []
+        kept: list[Answer] = []
         cursor = 0
         for a in members:
             between = _ids(tokenizer, row_text[cursor:len(a.head)])
