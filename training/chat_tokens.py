@@ -55,6 +55,8 @@ def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, str]], lis
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise MalformedRecordError(f"record {record.get('id')!r}: message {i} lacks a valid role or string content")
+        if not _valid_unicode(m["content"]) or not _valid_unicode(m.get("reasoning_content") or ""):
+            raise MalformedRecordError(f"record {record.get('id')!r}: message {i} holds a lone surrogate (not Unicode text)")
         out = {"role": m["role"], "content": m["content"]}
         if m["role"] == "assistant" and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
             out["reasoning_content"] = m["reasoning_content"]
@@ -64,6 +66,15 @@ def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, str]], lis
             raise MalformedRecordError(f"record {record.get('id')!r}: message {i} is marked train but is {m['role']!r}")
         train.append(is_train)
     return messages, train
+
+
+def _valid_unicode(text: str) -> bool:
+    # A lone surrogate (JSON "\ud800") is legal in a Python str but makes tokenizers raise.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
@@ -212,7 +223,7 @@ def iter_generation(gen_dir: str | Path, stats: GenerationReadStats | None = Non
                     continue
                 try:
                     rec = json.loads(line)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep to parse
                     stats.malformed += 1
                     continue
                 if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("messages"), list):
