@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from training.errors import TrainingError
+from training.text import is_valid_unicode
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -55,7 +56,7 @@ def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, str]], lis
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise MalformedRecordError(f"record {record.get('id')!r}: message {i} lacks a valid role or string content")
-        if not _valid_unicode(m["content"]) or not _valid_unicode(m.get("reasoning_content") or ""):
+        if not is_valid_unicode(m["content"]) or not is_valid_unicode(m.get("reasoning_content") or ""):
             raise MalformedRecordError(f"record {record.get('id')!r}: message {i} holds a lone surrogate (not Unicode text)")
         out = {"role": m["role"], "content": m["content"]}
         if m["role"] == "assistant" and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
@@ -66,15 +67,6 @@ def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, str]], lis
             raise MalformedRecordError(f"record {record.get('id')!r}: message {i} is marked train but is {m['role']!r}")
         train.append(is_train)
     return messages, train
-
-
-def _valid_unicode(text: str) -> bool:
-    # A lone surrogate (JSON "\ud800") is legal in a Python str but makes tokenizers raise.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:

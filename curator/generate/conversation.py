@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curator.generate.client import Completion
-from curator.generate.rows import MixRow, answer_points
+from curator.mix.schema import MixRow, answer_points
 
 # (history so far, endpoint of the previous turn) -> the target's answer
 Ask = Callable[[Sequence[dict[str, str]], str | None], Awaitable[Completion]]
