@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +287,28 @@ class MixWriter:
         """Remove the temporary parts (the folder keeps the mix it had)."""
         for part in self.parts:
             part.tmp.unlink(missing_ok=True)
+
+
+def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> dict[str, Any]:
+    """Return the manifest of a mix written from ready tables (one part each), published whole.
+
+    For mixes made outside build-mix (benchmarks, test fixtures); the tables should follow SCHEMA.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with mix_lock(out):
+        writer = MixWriter(out)
+        try:
+            for table in tables:
+                writer.write_table(table)
+            parts = writer.finish()
+            manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
+                        "columns": list(COLUMNS), "parts": parts}
+            writer.publish(manifest)
+        except BaseException:
+            writer.abort()
+            raise
+    return manifest
 
 
 def mix_lock(out_dir: str | Path) -> OutputLock:

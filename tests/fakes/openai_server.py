@@ -338,16 +338,12 @@ def write_mix(mix_dir: Any, rows: Sequence[dict[str, Any]], files: int = 1) -> A
 
     import pyarrow as pa
 
-    from curator.mix.schema import SCHEMA, MixWriter
+    from curator.mix.schema import SCHEMA, write_tables
 
     full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, **r} for r in rows]
     out = Path(mix_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    writer = MixWriter(out)
     per = max(1, -(-len(full) // files))
-    for k in range(files):
-        writer.write_table(pa.Table.from_pylist(full[k * per:(k + 1) * per], schema=SCHEMA))
-    writer.publish({"name": "test-mix", "rows": len(full), "parts": writer.finish()})
+    write_tables(out, [pa.Table.from_pylist(full[k * per:(k + 1) * per], schema=SCHEMA) for k in range(files)], "test-mix")
     return out
 
 if __name__ == "__main__":
