@@ -338,10 +338,10 @@ def remove_stale_files(out_dir: str | Path) -> list[Path]:
 
 
 def _rebuild_hint(root: Path, manifest: dict[str, Any] | None = None) -> str:
-    recipe = "RECIPE.yaml"
+    hint = f"rebuild it with `curator build-mix --recipe RECIPE.yaml --out {root}`"
     if manifest and isinstance(manifest.get("name"), str):
-        recipe = f"the recipe of mix {manifest['name']!r}"
-    return f"rebuild it with `curator build-mix --recipe {recipe} --out {root}`"
+        hint += f" (RECIPE.yaml: the recipe of mix {manifest['name']!r})"
+    return hint
 
 
 def _load_manifest(root: Path) -> dict[str, Any]:
