@@ -148,10 +148,12 @@ def signature(norm: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Match:
-    """A duplicate found: how (`exact` or `near`) and which source owns the original."""
+    """A duplicate found: how (`exact` or `near`), which source owns the original and, for a near
+    match, which remembered row it is (0 = the first row kept with a near-dedup signature)."""
 
     kind: str
     owner: int
+    row: int | None = None
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ class Deduper:
             # LSH proposes candidates; the exact Jaccard of the 5-gram sets decides.
             hits = [k for k in self._lsh.query(lean) if jaccard(self._sets[k], item.shingles) >= self.near]  # type: ignore[operator]
             if hits:
-                return Match("near", self._owners[min(hits)])
+                return Match("near", self._owners[min(hits)], min(hits))
             key = len(self._sets)
             self._sets.append(item.shingles)
             self._owners.append(owner)
