@@ -41,6 +41,7 @@ def test_a_second_hidden_states_run_on_one_out_is_refused_naming_the_pid(
     tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.test_hidden_states import conversation, write_gen
+    from training.errors import StoreError
     from training.store import HiddenStateStore
 
     gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(40)], per_shard=10)
@@ -55,6 +56,8 @@ def test_a_second_hidden_states_run_on_one_out_is_refused_naming_the_pid(
         assert main(args) == 1
         err = _one_line_error(capsys.readouterr().err)
         assert f"PID {first.pid}" in err and "curator hidden-states" in err and "Traceback" not in err
+        with pytest.raises(StoreError, match=f"being written .*PID {first.pid}"):
+            HiddenStateStore.open(store)  # readers wait for the capture to finish, too
         first.send_signal(signal.SIGCONT)
         assert first.wait(120) == 0, first.stderr.read().decode()
     finally:

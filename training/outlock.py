@@ -57,6 +57,21 @@ class OutputLock:
         self._fd = fd
         return self
 
+    def holder(self) -> str | None:
+        """Return who holds the lock ("PID n on host") while a live process does, else None (takes nothing)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            return f"PID {held[0]}" + (f" on {held[1]}" if len(held) > 1 else "") if held else "another process"
+        finally:
+            os.close(fd)
+        return None
+
     def release(self) -> None:
         """Remove the lock file and let go of the lock (nothing when not held)."""
         if self._fd is None:

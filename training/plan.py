@@ -56,7 +56,10 @@ def record_length(record: dict[str, Any], tokenizer: Any | None) -> tuple[int, s
     """
     if tokenizer is not None:
         messages, _ = template_messages(record)
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+        try:
+            ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+        except Exception as exc:  # jinja and the tokenizers binding raise many types for a conversation they refuse
+            raise MalformedRecordError(f"record {record.get('id')!r}: the chat template refused it ({exc})") from exc
         return len(ids), "chat template"
     usage = record.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):

@@ -543,8 +543,13 @@ class HiddenStateStore:
 
     @classmethod
     def open(cls, path: str | Path, *, dequantize: bool = True) -> HiddenStateStore:
-        """Return the store at `path` (index.json merged with any unmerged parts)."""
+        """Return the store at `path` (index.json merged with any unmerged parts); StoreError while a
+        capture is writing it (a moving store), or when it has no meta.json."""
         root = Path(path)
+        writer = lock_store(root).holder()
+        if writer is not None:
+            raise StoreError(f"{root} is being written by `curator hidden-states` ({writer}); "
+                             "wait for the capture to finish before reading the store")
         meta_path = root / "meta.json"
         if not meta_path.exists():
             raise StoreError(f"{root} is not a hidden-state store (no meta.json); run `curator hidden-states` first")
