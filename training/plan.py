@@ -9,7 +9,6 @@ Kimi-K2.5 (H = 7168, 61 layers), 10K samples of 2,103 tokens, three bf16 layers:
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
