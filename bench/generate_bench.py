@@ -25,18 +25,15 @@ import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.generate.client import OpenAIBackend, SamplingParams  # noqa: E402
+from curator.mix.schema import SCHEMA, write_tables  # noqa: E402
 
 SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
-MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
-SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("category", pa.string()),
-                    ("messages", pa.list_(MESSAGE)), ("turns", pa.string()), ("keep_responses", pa.bool_())])
 
 
 class Server:
@@ -95,11 +92,10 @@ def pipeline_rate(url: str, n_rows: int, concurrency: int) -> dict:
     """Return requests/s of the whole generate() run over a mix of `n_rows` one-turn rows."""
     with tempfile.TemporaryDirectory() as tmp:
         mix = Path(tmp) / "mix"
-        mix.mkdir()
         rows = [{"id": f"b{i}", "source": "bench", "category": "chat", "turns": "last", "keep_responses": False,
                  "messages": [{"role": "user", "content": f"question number {i}: explain recursion"}]}
                 for i in range(n_rows)]
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), mix / "part-00000.parquet")
+        write_tables(mix, [pa.Table.from_pylist(rows, schema=SCHEMA)], "bench")
         stats = generate(GenerateConfig(mix=mix, out=Path(tmp) / "out", model="target", endpoints=[url],
                                         concurrency=concurrency, max_tokens=64))
         assert stats.done_total == n_rows, stats

@@ -255,13 +255,9 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
 
 
 def write_mix(root: Path, rows: list[dict]) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from fakes.openai_server import write_mix as write_finished_mix
 
-    root.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows), root / "part-00000.parquet")
-    (root / "manifest.json").write_text("{}")
-    return root
+    return write_finished_mix(root, rows)
 
 
 def test_cli_eval_on_a_mix_reports_categories_and_offline_estimate(target, tiny_target: Path, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_resume_after_kill_loses_nothing_and_duplicates_nothing(tmp_path: Path) 
                 assert time.monotonic() < deadline, "the run wrote no shards"
                 time.sleep(0.02)
             # While it runs, the output folder is locked against a second writer.
-            with pytest.raises(ConfigError, match="another `curator generate` is writing"):
+            with pytest.raises(ConfigError, match=r"being written by another `curator generate` \(PID \d+"):
                 generate(cfg)
             os.kill(proc.pid, signal.SIGKILL)
         finally:

@@ -56,3 +56,40 @@ def test_near_off_still_removes_exact_copies():
     dedup = Deduper(exact=True, near=None)
     first, again = dedup.prepare(["Hello  World", "hello world"])
     assert dedup.check(first, 0) is None and dedup.check(again, 1).kind == "exact"
+
+
+def _edited_to(rng: random.Random, doc: list[str], low: float, high: float) -> list[str]:
+    """Return a copy of `doc` with words replaced until its 5-gram Jaccard with `doc` lies in [low, high]."""
+    while True:
+        edited = list(doc)
+        while _jaccard(doc, edited) > high:
+            edited[rng.randrange(len(edited))] = f"edit{rng.randrange(10**9)}"
+        if _jaccard(doc, edited) >= low:
+            return edited
+
+
+def _build(tmp_path, sources: dict[str, list[list[str]]], near: float) -> dict:
+    import json
+
+    from curator.mix import build_mix, recipe_from_dict
+
+    specs = []
+    for name, docs in sources.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": " ".join(d)}]}) + "\n" for d in docs))
+        specs.append({"path": str(path), "name": name, "samples": len(docs)})
+    manifest = build_mix(recipe_from_dict({"name": "near", "sources": specs, "dedup": {"exact": True, "near": near}}),
+                         tmp_path / "mix")
+    return {s["name"]: s for s in manifest["sources"]}
+
+
+def test_near_duplicates_at_the_threshold_are_found_99_percent_of_the_time(tmp_path):
+    rng = random.Random(12)
+    originals = [_doc(rng, 300) for _ in range(200)]
+    at_threshold = [_edited_to(rng, d, 0.85, 0.90) for d in originals]
+    below = [_edited_to(rng, d, 0.70, 0.80) for d in originals[:100]]
+    others = [_doc(rng, 300) for _ in range(200)]
+    sources = _build(tmp_path, {"originals": originals + others, "near": at_threshold, "below": below}, near=0.85)
+    assert sources["near"]["duplicates_near"] >= 198  # recall >= 99% for pairs at Jaccard 0.85-0.90
+    assert sources["below"]["kept"] == 100  # and nothing under the threshold is taken for a duplicate
+    assert sources["originals"]["kept"] == 400

@@ -286,9 +286,9 @@ def test_keep_responses_keeps_the_whole_conversation():
 
 
 def test_build_mix_stores_tools_and_calls_and_counts_rows_with_tools(tmp_path):
-    from curator.generate.rows import iter_mix
     from curator.mix.build import build_mix
     from curator.mix.recipe import recipe_from_dict
+    from curator.mix.schema import open_mix
 
     rows = [{**OPENAI_TOOLS, "tools": [{"type": "function", "function": {"name": "ls"}}]}, ULTRACHAT]
     (tmp_path / "src.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -296,7 +296,7 @@ def test_build_mix_stores_tools_and_calls_and_counts_rows_with_tools(tmp_path):
         {"path": str(tmp_path / "src.jsonl"), "samples": 2, "turns": "last", "category": "agentic"}]})
     manifest = build_mix(recipe, tmp_path / "mix")
     assert manifest["sources"][0]["with_tools"] == 1 and manifest["sources"][0]["kept"] == 2
-    (row,) = [r for r in iter_mix(tmp_path / "mix") if r.tools]
+    (row,) = [r for r in open_mix(tmp_path / "mix").rows() if getattr(r, "tools", None)]
     assert row.tools == [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
     assert row.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from curator.errors import ConfigError
-from curator.mix import load_recipe
+from curator.mix import load_recipe, read_manifest
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -69,3 +69,26 @@ def test_broken_yaml_names_file_and_line(tmp_path):
 def test_near_false_switches_near_dedup_off(tmp_path):
     path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: 1\ndedup: {exact: true, near: false}\n")
     assert load_recipe(path).dedup.near is None
+
+
+def test_recipe_paths_are_confined_to_the_recipe_folder_unless_allowed(tmp_path, capsys):
+    from curator.cli import main
+
+    secret = tmp_path / "secretdir"
+    secret.mkdir()
+    (secret / "creds.json").write_text('{"conversations": [{"from": "human", "value": "API_KEY=sk-very-secret"}]}\n')
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "link.json").symlink_to(secret / "creds.json")
+    catalog = ["--catalog", str(tmp_path / "c.duckdb")]
+    for source in ("../secretdir/creds.json", str(secret / "creds.json"), "data/link.json", "data"):
+        recipe = project / "recipe.yaml"
+        recipe.write_text(f"name: confined\nsources:\n  - path: {source}\n    samples: 1\n")
+        capsys.readouterr()
+        assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "outside the recipe's folder" in err and "allow_outside_paths" in err
+        assert not (project / "mix" / "manifest.json").exists()
+    recipe.write_text("name: opted-out\nallow_outside_paths: true\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 0
+    assert read_manifest(project / "mix")["rows"] == 1

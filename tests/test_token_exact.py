@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from curator.generate import GenerateConfig, generate
 from curator.generate.client import SamplingParams
 from curator.generate.token_ids import parse_answer, sglang_request, vllm_request
-from curator.mix.build import SCHEMA
+from curator.mix.schema import SCHEMA, write_tables
 from fakes.token_servers import FakeSGLangServer, FakeVLLMServer
 from test_chat_templates import TOOLS, tokenizer
 from training.chat_tokens import render, template_messages, tokenize_rows
@@ -53,7 +52,7 @@ def write_mix(mix: Path, rows: list[dict[str, Any]]) -> Path:
     mix.mkdir(parents=True, exist_ok=True)
     full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, "tools": None, **r}
             for r in rows]
-    pq.write_table(pa.Table.from_pylist(full, schema=SCHEMA), mix / "part-00000.parquet")
+    write_tables(mix, [pa.Table.from_pylist(full, schema=SCHEMA)], name="test")
     return mix
 
 

@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from training.diskspace import named_disk_full
+
 # Every temporary name holds this mark, so a sweep can tell leftovers of a crash from data.
 TMP_MARK = ".tmp-"
 
@@ -21,7 +23,7 @@ def write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:6]}")
     try:
-        with open(tmp, "wb") as f:
+        with named_disk_full(path.parent), open(tmp, "wb") as f:
             f.write(data)
             if fsync:
                 f.flush()

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from training.atomic import write_text
+from training.diskspace import named_disk_full
 from training.draft import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, TrainingError
 from training.layers import check_layer_ids
@@ -64,18 +65,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return ckpt
 
 
-def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
-    """Delete checkpoint folders a killed save left half-written; return what was removed.
-
-    Only the run's single writer calls this (rank 0, at start), so nothing live is touched.
-    """
-    root = Path(run_dir) / "checkpoints"
-    stale = sorted(root.glob(".step-*.tmp")) if root.is_dir() else []
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
-    return stale
-
-
 def save_checkpoint(
     run_dir: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None
 ) -> Path:
@@ -86,11 +75,8 @@ def save_checkpoint(
     tmp = root / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
     tmp.mkdir()
     try:
-        state = {k: v.detach().cpu().contiguous() for k, v in draft.trainable_state_dict().items()}
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER_STATE)
-        (tmp / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}, indent=2, default=str), encoding="utf-8")
+        with named_disk_full(root):  # a full disk says so, not "unexpected pos ..."
+            _write_checkpoint(tmp, draft, meta, trainer_state)
         final = root / name
         if final.exists():
             shutil.rmtree(final)
@@ -100,6 +86,15 @@ def save_checkpoint(
         raise
     write_text(root / "latest.json", json.dumps({"name": name, "step": int(meta["step"])}))
     return final
+
+
+def _write_checkpoint(tmp: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+    """Write a checkpoint's three files into the (temporary) folder `tmp`."""
+    state = {k: v.detach().cpu().contiguous() for k, v in draft.trainable_state_dict().items()}
+    save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+    (tmp / "meta.json").write_text(json.dumps({**meta, "format": FORMAT}, indent=2, default=str), encoding="utf-8")
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from training.text import is_valid_unicode
+
 ROLES = ("system", "user", "assistant", "tool")
 MODES = ("token", "text")
 
@@ -72,6 +74,8 @@ def messages_problem(messages: Any) -> str | None:
             return f"message {i} has no content"
         if content is not None and not isinstance(content, str):
             return f"message {i} content is not text"
+        if not is_valid_unicode(content or "") or not is_valid_unicode(m.get("reasoning_content") or ""):
+            return f"message {i} holds a lone surrogate (not Unicode text)"
         if tool_calls:
             if m["role"] != "assistant":
                 return f"message {i} is {m['role']!r} but carries tool calls"

@@ -44,8 +44,9 @@ from training.chat_tokens import (
 from training.distributed import init_distributed
 from training.errors import ModelMismatchError, TrainingError
 from training.layers import CONVENTION, check_layer_ids, default_aux_layers
+from training.outlock import OutputBusyError, OutputLock
 from training.target_config import text_part
-from training.store import HiddenStateSample, StoreMeta, StoreWriter, merge_index, quantize_fp8
+from training.store import HiddenStateSample, StoreMeta, StoreWriter, claim_store, merge_index, quantize_fp8
 
 def text_config(config: Any) -> Any:
     """Return the language-model part of a (possibly multimodal) transformers config."""
@@ -509,6 +510,25 @@ def finish_ranks(stats: ExtractStats, out_dir: str | Path, world_size: int) -> E
     return stats
 
 
+def claim_for_ranks(out_dir: str | Path, rank: int, world_size: int) -> OutputLock | None:
+    """Return the store's lock, held by rank 0 (None elsewhere); every rank raises when another run writes the store."""
+    lock, refusal = None, None
+    if rank == 0:
+        try:
+            lock = claim_store(out_dir)
+        except OutputBusyError as exc:
+            refusal = str(exc)
+    if world_size > 1:
+        import torch.distributed as dist
+
+        box = [refusal]
+        dist.broadcast_object_list(box, src=0)
+        refusal = box[0]
+    if refusal is not None:
+        raise OutputBusyError(refusal)
+    return lock
+
+
 def run(
     model_path: str | Path,
     gen_dir: str | Path,
@@ -525,30 +545,36 @@ def run(
     """Capture a generation output into a store at `out_dir` (torchrun-aware); return the counts."""
     info = init_distributed()  # under torchrun: joins the group, this rank's GPU
     rank, world, local = info.rank, info.world_size, info.local_rank
-    device = f"cuda:{local}" if world > 1 and torch.cuda.is_available() else None
-    model, tokenizer = load_target(model_path, device)
-    meta = store_meta(
-        model.config,
-        tokenizer,
-        target=str(model_path),
-        layer_ids=layer_ids,
-        dtype=dtype,
-        has_final=has_final,
-        extra={"backend": "transformers", "max_len": max_len},
-    )
-    stats = extract(
-        model,
-        tokenizer,
-        iter_generation(gen_dir, read_stats),
-        out_dir,
-        meta,
-        max_len=max_len,
-        batch_tokens=batch_tokens,
-        rank=rank,
-        world_size=world,
-        on_batch=on_batch,
-    )
-    return finish_ranks(stats, out_dir, world)
+    # Taken before the target loads, so a refused run costs nothing; held until the index is merged.
+    lock = claim_for_ranks(out_dir, rank, world)
+    try:
+        device = f"cuda:{local}" if world > 1 and torch.cuda.is_available() else None
+        model, tokenizer = load_target(model_path, device)
+        meta = store_meta(
+            model.config,
+            tokenizer,
+            target=str(model_path),
+            layer_ids=layer_ids,
+            dtype=dtype,
+            has_final=has_final,
+            extra={"backend": "transformers", "max_len": max_len},
+        )
+        stats = extract(
+            model,
+            tokenizer,
+            iter_generation(gen_dir, read_stats),
+            out_dir,
+            meta,
+            max_len=max_len,
+            batch_tokens=batch_tokens,
+            rank=rank,
+            world_size=world,
+            on_batch=on_batch,
+        )
+        return finish_ranks(stats, out_dir, world)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,6 @@ Kimi-K2.5 (H = 7168, 61 layers), 10K samples of 2,103 tokens, three bf16 layers:
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,7 +59,10 @@ def record_length(record: dict[str, Any], tokenizer: Any | None) -> tuple[int, s
         return sum(len(row) for row in tokenize_rows(record)), "stored ids"
     if tokenizer is not None:
         messages, _ = template_messages(record)
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **template_options(record))
+        try:
+            ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **template_options(record))
+        except Exception as exc:  # jinja and the tokenizers binding raise many types for a conversation they refuse
+            raise MalformedRecordError(f"record {record.get('id')!r}: the chat template refused it ({exc})") from exc
         return len(ids), "chat template"
     usage = record.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):

@@ -25,12 +25,19 @@ waste the low layer's precision). Samples are dequantised to bf16 on read, or ha
 
 Writes are crash-safe: a shard is written under a temporary name and renamed, then the writer's
 index part is rewritten the same way. A crash between the two leaves an unindexed shard, whose
-samples are simply captured again on resume; nothing half-written is ever read.
+samples are simply captured again on resume; nothing half-written is ever read. The index is the
+store's manifest: readers see only the shards it names, and a run starting on a store removes
+what is named nowhere (temporaries and unindexed shards of a killed run, `remove_stale_files`).
+
+One run writes a store at a time (`lock_store`, a lock file naming the PID); within a run each
+writer session (a torchrun rank) holds a lock on its own index part, so `merge_index` never
+removes the part of a writer that is still running.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import threading
@@ -46,12 +53,16 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from training.atomic import write_json
+from training.atomic import TMP_MARK, write_json
+from training.diskspace import named_disk_full
 from training.layers import CONVENTION, normalise
 from training.errors import StoreError
+from training.outlock import OutputLock
 from training.shard_file import write_parts
+from training.tempfiles import remove_matching
 
 FORMAT = "curator-hidden-states/1"
+LOCK_FILE = ".hidden-states.lock"
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 DTYPES = ("bf16", "fp8")
 # Fields that must agree when a writer reopens a store: mixing them would make samples incomparable.
@@ -226,7 +237,8 @@ def read_index(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
 def merge_index(path: str | Path) -> int:
     """Fold every index part into index.json (atomically) and remove the parts; return the sample count.
 
-    Call it only while no writer is running on the store (torchrun: after the final barrier, rank 0).
+    The part of a writer that is still running (its part lock held) is folded in but kept: it will
+    be rewritten with more samples, and removing it would lose those from the index.
     """
     root = Path(path)
     samples, skipped = read_index(root)
@@ -234,8 +246,83 @@ def merge_index(path: str | Path) -> int:
     parts = root / "index-parts"
     if parts.is_dir():
         for p in parts.glob("*.json"):
-            p.unlink(missing_ok=True)
+            if p.name.startswith("."):
+                continue
+            with _PartLock(p.with_suffix(".lock")) as free:
+                if free:
+                    p.unlink(missing_ok=True)
+                    p.with_suffix(".lock").unlink(missing_ok=True)
+        for lock in parts.glob("*.lock"):  # sessions that stored nothing leave only their lock
+            if not lock.with_suffix(".json").exists():
+                with _PartLock(lock) as free:
+                    if free:
+                        lock.unlink(missing_ok=True)
     return len(samples)
+
+
+class _PartLock:
+    """Non-blocking try of a writer's part lock: `with _PartLock(path) as free:` (free: no live writer holds it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def __enter__(self) -> bool:
+        if not self.path.exists():
+            return True
+        try:
+            self._fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def lock_store(out_dir: str | Path) -> OutputLock:
+    """Return the (unacquired) lock that makes one run at a time the writer of a store."""
+    return OutputLock(out_dir, LOCK_FILE, "`curator hidden-states`")
+
+
+def claim_store(out_dir: str | Path) -> OutputLock:
+    """Return the store's lock, held, after removing what a killed run left (OutputBusyError if another run writes it)."""
+    lock = lock_store(out_dir).acquire()
+    try:
+        remove_stale_files(out_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def remove_stale_files(out_dir: str | Path) -> list[Path]:
+    """Delete what a killed run left in a store: temporaries, and shards no index names; return them.
+
+    Call it only while holding the store's lock and before any writer starts (a live writer's shard
+    is unindexed for a moment between its rename and its index write).
+    """
+    root = Path(out_dir)
+    if not (root / "meta.json").exists():
+        return []
+    removed = remove_matching(root, [f".*{TMP_MARK}*"])
+    removed += remove_matching(root / "index-parts", [f".*{TMP_MARK}*"])
+    removed += remove_matching(root / "shards", [".*.tmp", f".*{TMP_MARK}*"])
+    stored, _ = read_index(root)
+    named = {entry["shard"] for entry in stored.values()}
+    shards = root / "shards"
+    if shards.is_dir():
+        for path in sorted(shards.glob("*.safetensors")):
+            if path.name not in named:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def _check_compatible(existing: StoreMeta, new: StoreMeta, root: Path) -> None:
@@ -275,6 +362,9 @@ class StoreWriter:
         self.writer_id = f"{stamp}-{writer_id or 'w'}-{uuid.uuid4().hex[:6]}"
         (self.root / "shards").mkdir(parents=True, exist_ok=True)
         (self.root / "index-parts").mkdir(parents=True, exist_ok=True)
+        # Held while this session writes: merge_index leaves a live writer's part alone.
+        self._part_lock: int | None = os.open(self.root / "index-parts" / f"{self.writer_id}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._part_lock, fcntl.LOCK_EX)
         meta_path = self.root / "meta.json"
         if meta_path.exists():
             _check_compatible(StoreMeta.from_json(_read_json(meta_path)), meta, self.root)
@@ -390,8 +480,13 @@ class StoreWriter:
                 parts["final"] = [s.final.detach().cpu().to(torch.bfloat16) for s in buffer]  # type: ignore[union-attr]
         path = self.root / "shards" / name
         tmp = path.with_name(f".{name}.tmp")
-        size = write_parts(tmp, parts, {"format": FORMAT})
-        os.replace(tmp, path)
+        try:
+            with named_disk_full(path.parent):
+                size = write_parts(tmp, parts, {"format": FORMAT})
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a shard cut short by a full disk must not keep the disk full
+            raise
         return size
 
     def _commit(self, name: str, buffer: list[HiddenStateSample], nbytes: int) -> None:
@@ -423,6 +518,9 @@ class StoreWriter:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            if self._part_lock is not None:
+                os.close(self._part_lock)
+                self._part_lock = None
 
 
 class HiddenStateStore:
@@ -447,8 +545,13 @@ class HiddenStateStore:
 
     @classmethod
     def open(cls, path: str | Path, *, dequantize: bool = True) -> HiddenStateStore:
-        """Return the store at `path` (index.json merged with any unmerged parts)."""
+        """Return the store at `path` (index.json merged with any unmerged parts); StoreError while a
+        capture is writing it (a moving store), or when it has no meta.json."""
         root = Path(path)
+        writer = lock_store(root).holder()
+        if writer is not None:
+            raise StoreError(f"{root} is being written by `curator hidden-states` ({writer}); "
+                             "wait for the capture to finish before reading the store")
         meta_path = root / "meta.json"
         if not meta_path.exists():
             raise StoreError(f"{root} is not a hidden-state store (no meta.json); run `curator hidden-states` first")
@@ -543,6 +646,7 @@ class HiddenStateStore:
                                  aux=torch.empty(0), category=str(entry.get("category", "")))
 
     def disk_bytes(self) -> int:
-        """Return the bytes the store's shards take on disk."""
-        return sum(p.stat().st_size for p in (self.root / "shards").glob("*.safetensors"))
+        """Return the bytes the store's indexed shards take on disk (leftovers of a crash are not the store)."""
+        shards = {entry["shard"] for entry in self._entries.values()}
+        return sum(p.stat().st_size for name in shards if (p := self.root / "shards" / name).exists())
 

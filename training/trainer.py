@@ -41,7 +41,6 @@ from training.checkpoint import (
     load_trainer_state,
     read_meta,
     read_weights,
-    remove_stale_temporaries,
     restore_rng_state,
     rng_state,
     save_checkpoint,
@@ -54,6 +53,7 @@ from training.objective import N_SUMS, TTTObjective, metric_sums, step_counts, s
 from training.online import OnlineStates
 from training.store import HiddenStateStore, StoreMeta
 from training.target_config import read_target_config
+from training.tempfiles import remove_stale_checkpoints
 from training.target_head import TargetHead, load_embeddings
 from training.train_config import TrainConfig, load_run_config
 from training.vocab import DraftVocab, build_vocab, count_tokens
@@ -133,7 +133,7 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
             raise TrainingError(f"--resume with a different config changes the run: {'; '.join(diffs)}")
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(run_dir)
+        remove_stale_checkpoints(run_dir / "checkpoints")  # half-written saves of a killed run
         write_text(run_dir / "train_config.json", json.dumps(cfg.to_dict(), indent=2))
     barrier()
     return run_dir, ckpt

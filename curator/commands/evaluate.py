@@ -44,32 +44,17 @@ def render_doctor(report: DoctorReport) -> None:
 
 
 def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
-    """Return the prompts of a mix directory (parquet parts) and the count of malformed rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """Return the prompts of a finished mix (each row's first context to answer) and the count of malformed rows."""
+    from curator.mix.schema import BadRow, first_context, open_mix
+    from training.evaluate import EvalPrompt
 
-    from training.evaluate import EvalPrompt, prompt_messages
-
-    parts = sorted(mix_dir.glob("*.parquet"))
-    if not parts:
-        raise ConfigError(f"{mix_dir} holds no *.parquet parts: give a mix directory (build-mix --out) or a prompt file")
     prompts, malformed = [], 0
-    for part in parts:
-        try:
-            rows = pq.read_table(part).to_pylist()
-        except (pa.ArrowException, OSError) as exc:
-            raise ConfigError(f"{part} is not a readable parquet file ({exc}); rebuild the mix") from None
-        for row in rows:
-            messages = row.get("messages")
-            if not isinstance(messages, list) or not all(isinstance(m, dict) and m.get("role") for m in messages):
-                malformed += 1
-                continue
-            context = prompt_messages([{**m, "content": m.get("content") or ""} for m in messages],
-                                      str(row.get("turns") or "all"))
-            if not context:
-                malformed += 1
-                continue
-            prompts.append(EvalPrompt(id=str(row.get("id")), messages=context, category=str(row.get("category") or "")))
+    for row in open_mix(mix_dir).rows():
+        context = first_context(row) if not isinstance(row, BadRow) else []
+        if not context:
+            malformed += 1
+            continue
+        prompts.append(EvalPrompt(id=row.id, messages=context, category=row.category))
     return prompts, malformed
 
 

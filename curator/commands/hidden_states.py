@@ -16,7 +16,7 @@ from training.hidden_states import ExtractStats, merge_index, store_meta
 from training.layers import check_layer_ids, default_aux_layers
 from training.target_config import read_target_config
 from training.plan import DiskPlan, ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
-from training.store import StoreMeta, read_index
+from training.store import StoreMeta, claim_store, read_index
 
 DEFAULT_SHARED_DIR = "/tmp/curator-hidden-states"
 
@@ -243,11 +243,12 @@ def _run_vllm(
     opts = VllmOptions(endpoints=[e.rstrip("/") for e in endpoints], model=model, concurrency=concurrency,
                        retries=retries, path_map=mapping, api_key=api_key_from_env())
     norm = load_final_norm(local) if meta.has_final else None
-    stats = asyncio.run(
-        extract_vllm(opts, tokenizer, iter_generation(data, read), out, meta, norm=norm, max_len=max_len,
-                     on_sample=on_sample)
-    )
-    merge_index(out)
+    with claim_store(out):  # one run per store; what a killed run left is removed first
+        stats = asyncio.run(
+            extract_vllm(opts, tokenizer, iter_generation(data, read), out, meta, norm=norm, max_len=max_len,
+                         on_sample=on_sample)
+        )
+        merge_index(out)
     return stats
 
 

@@ -30,6 +30,7 @@ from curator.demo.corpus import (
 )
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import CuratorError
+from curator.mix.schema import read_manifest
 from curator.ui import console, summary_table
 from training.toy_target import build_target, chat_token_batches, train_causal_lm
 
@@ -155,7 +156,7 @@ class Demo:
         recipe_path.write_text("# DEMO recipe: local demo files stand in for the approved Hub datasets.\n" + yaml.safe_dump(recipe, sort_keys=False))
 
         def figures() -> dict[str, Any]:
-            manifest = json.loads((self.w / "mix" / "manifest.json").read_text())
+            manifest = read_manifest(self.w / "mix")
             counts: dict[str, int] = {}
             for source in manifest["sources"]:
                 counts[source["category"]] = counts.get(source["category"], 0) + source["kept"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curator.generate.client import Completion
-from curator.generate.rows import MixRow, answer_points
+from curator.mix.schema import MixRow, answer_points
 from training.gen_record import generation
 
 # (history so far, endpoint of the previous turn, tools offered) -> the target's answer

@@ -1,9 +1,12 @@
 """`generate()`: regenerate every answer of a mix through the target, resumably, with stats.
 
-The run: check the output directory (lock, same model, stale temporaries), find what is done
-(ids in finished shards) and what failed for good before (errors.jsonl), start the backend
-(the start-up check), then keep `workers` conversations going until the mix is exhausted.
-Finished conversations go to the shard writer; permanent failures to the errors file.
+The run: open the mix (refused unless its manifest says it is whole), check the output directory
+(lock, same model, stale temporaries), find what is done (ids in finished shards) and what failed
+for good before (errors.jsonl), start the backend (the start-up check), then keep `workers`
+conversations going until the mix is exhausted. Finished conversations go to the shard writer;
+permanent failures, and answers that cannot be stored (text that is not Unicode), to the errors
+file. generation.json ends as `complete` (every row done), `partial` (every row handled, some
+failed), `failed` (every row failed) or `incomplete` (rows still missing: run again).
 """
 
 from __future__ import annotations
@@ -24,18 +27,19 @@ from curator.errors import ConfigError
 from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
 from curator.generate.conversation import output_record, regenerate
 from curator.generate.local import TransformersBackend
-from curator.generate.rows import BadRow, MixRow, iter_mix, read_mix_ids
 from curator.generate.token_ids import PromptRenderer, TokenMode
 from curator.generate.shards import (
     META_FILE,
     ErrorLog,
     OutputLock,
     ShardWriter,
+    UnstorableRecord,
     remove_stale_temporaries,
     scan_shards,
     shard_paths,
     write_json_atomic,
 )
+from curator.mix.schema import BadRow, Mix, MixRow, open_mix
 
 Backend = OpenAIBackend | TransformersBackend
 
@@ -112,6 +116,7 @@ class GenerationStats:
     done_total: int = 0
     errors_total: int = 0
     missing: int = 0
+    status: str = "running"
     requests_by_endpoint: dict[str, int] = field(default_factory=dict)
     errors_by_endpoint: dict[str, int] = field(default_factory=dict)
     shards_written: int = 0
@@ -161,12 +166,13 @@ async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot
     """Return the stats of a run (the async body of `generate`)."""
     if config.backend == "openai" and not config.endpoints:
         raise ConfigError("no --endpoint given (the openai backend needs at least one server URL)")
+    mix = open_mix(config.mix)  # before anything is created: an unfinished mix is refused
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     with OutputLock(out):
         backend = make_backend(config)
         try:
-            run = _Run(config, backend)
+            run = _Run(config, backend, mix)
             run.prepare()
             await backend.start()
             run.write_meta("running")
@@ -183,9 +189,10 @@ async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot
 class _Run:
     """One generation run over one output directory (holds the mutable state of the run)."""
 
-    def __init__(self, config: GenerateConfig, backend: Backend) -> None:
+    def __init__(self, config: GenerateConfig, backend: Backend, mix: Mix) -> None:
         self.config = config
         self.backend = backend
+        self.mix = mix
         self.out = Path(config.out)
         endpoints = list(backend.in_flight())
         self.stats = GenerationStats(
@@ -218,7 +225,7 @@ class _Run:
                                   max_age_s=self.config.shard_seconds)
         self.errors.load()
         self.errors.compact(scan.done_ids)
-        ids = read_mix_ids(self.config.mix, self.config.limit)
+        ids = self.mix.ids(self.config.limit)
         unique = set(ids)
         self.stats.mix_rows = len(unique)
         self.stats.duplicate_ids_in_mix = len(ids) - len(unique)
@@ -234,10 +241,12 @@ class _Run:
 
     def write_meta(self, status: str) -> None:
         """Write generation.json: config, sampling, status and the stats so far."""
+        self.stats.status = status
         cfg = self.config.model_dump(mode="json")
         write_json_atomic(self.out / META_FILE, {
             "run_id": self.stats.run_id,
             "status": status,
+            "failed_rows": self.stats.errors_total,
             "model": self.config.model,
             "backend": self.config.backend,
             "endpoints": self.stats.endpoints,
@@ -269,7 +278,7 @@ class _Run:
 
     def _pending_rows(self) -> Iterator[MixRow | BadRow]:
         seen: set[str] = set()
-        for row in iter_mix(self.config.mix, self.config.limit):
+        for row in self.mix.rows(self.config.limit):
             if row.id in self.skip or row.id in seen:
                 continue
             seen.add(row.id)
@@ -289,7 +298,14 @@ class _Run:
                            endpoint=exc.endpoint, attempts=exc.attempts, source=row.source)
                 continue
             kwargs = self.config.extra_body.get("chat_template_kwargs")
-            self.writer.add(output_record(row, result, self.config.model, kwargs if isinstance(kwargs, dict) else None))
+            try:
+                self.writer.add(output_record(row, result, self.config.model,
+                                              kwargs if isinstance(kwargs, dict) else None))
+            except UnstorableRecord as exc:
+                # At temperature 0 the same answer comes back on every run: record it, do not retry it.
+                self._fail(row.id, f"answer cannot be stored: {exc}", status="unstorable", permanent=True,
+                           source=row.source)
+                continue
             if row.keep_responses:
                 self.stats.kept += 1
             else:
@@ -329,7 +345,7 @@ class _Run:
 
     def finish(self) -> GenerationStats:
         """Compact the errors file, count what the directory now holds, write generation.json
-        with status 'complete' (nothing missing) or 'incomplete'; return the stats."""
+        with the run's status (see `run_status`); return the stats."""
         stats = self.stats
         stats.requests_by_endpoint = self.backend.requests_by_endpoint()
         stats.errors_by_endpoint = dict(self.backend.errors_by_endpoint)
@@ -343,9 +359,20 @@ class _Run:
         done = scan_shards(self.out).done_ids
         self.errors.load()
         self.errors.compact(done)
-        ids = set(read_mix_ids(self.config.mix, self.config.limit))
+        ids = set(self.mix.ids(self.config.limit))
         stats.done_total = len(ids & done)
-        stats.errors_total = len(ids & set(self.errors.records))
+        stats.errors_total = len((ids - done) & set(self.errors.records))
         stats.missing = len(ids) - stats.done_total - stats.errors_total
-        self.write_meta("complete" if stats.missing == 0 else "incomplete")
+        stats.status = run_status(stats.done_total, stats.errors_total, stats.missing)
+        self.write_meta(stats.status)
         return stats
+
+
+def run_status(done: int, failed: int, missing: int) -> str:
+    """Return what a finished run's output is: complete (every row done), partial (every row handled,
+    `failed` of them failed), failed (every row failed) or incomplete (rows still to do)."""
+    if missing:
+        return "incomplete"
+    if failed and not done:
+        return "failed"
+    return "partial" if failed else "complete"

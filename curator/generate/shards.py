@@ -8,12 +8,15 @@ So a crash at any instant, SIGKILL included, loses only the buffered records (at
 
 errors.jsonl is appended line by line (a crash can leave a torn last line, which is counted and
 skipped) and rewritten whole, atomically, at the start and end of every run, keeping one line
-per id that is still failed and not in a shard.
+per id that is still failed and not in a shard. It is written ASCII-escaped, so an error text
+holding anything (a lone surrogate from a server) is stored as it came.
+
+A record is encoded when it is queued, so one answer that cannot be stored as UTF-8 (a lone
+surrogate) is refused on its own (UnstorableRecord) and never costs the shard it would have joined.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -25,6 +28,9 @@ from typing import IO, Any
 
 from curator.errors import ConfigError
 from training import atomic
+from training.diskspace import named_disk_full
+from training.outlock import OutputBusyError
+from training.outlock import OutputLock as _Lock
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 ERRORS_FILE = "errors.jsonl"
@@ -53,8 +59,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _lines(records: Iterable[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+class UnstorableRecord(ValueError):
+    """A record whose text cannot be written as UTF-8 JSON (a lone surrogate)."""
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """Return the record's shard line (UTF-8 JSON); UnstorableRecord when its text is not valid Unicode."""
+    try:
+        return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnstorableRecord(f"text is not valid Unicode ({exc.reason} at position {exc.start})") from None
+
+
+def _error_lines(records: Iterable[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode("ascii")
 
 
 def shard_paths(out_dir: str | Path) -> list[Path]:
@@ -101,7 +119,7 @@ def _read_jsonl(path: Path, scan: ShardScan) -> Iterator[dict[str, Any]]:
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 scan.malformed_lines += 1
                 continue
             if isinstance(record, dict):
@@ -131,14 +149,16 @@ class ShardWriter:
         self.max_age_s = max_age_s
         self.written = 0
         self.shards_written = 0
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[bytes] = []
         self._oldest: float | None = None
 
     def add(self, record: dict[str, Any]) -> None:
-        """Queue a record; it is durable once the shard holding it is flushed."""
+        """Queue a record (UnstorableRecord, and nothing queued, when it cannot be encoded); it is
+        durable once the shard holding it is flushed."""
+        line = encode_record(record)
         if self._oldest is None:
             self._oldest = time.monotonic()
-        self._buffer.append(record)
+        self._buffer.append(line)
         if len(self._buffer) >= self.max_rows:
             self.flush()
         else:
@@ -154,7 +174,7 @@ class ShardWriter:
         if not self._buffer:
             return
         path = self.out_dir / f"shard-{self.next_index:05d}.jsonl"
-        write_atomic(path, _lines(self._buffer))
+        write_atomic(path, b"".join(self._buffer))
         self.next_index += 1
         self.shards_written += 1
         self.written += len(self._buffer)
@@ -195,15 +215,16 @@ class ErrorLog:
         for row_id in [i for i in self.records if i in done_ids]:
             del self.records[row_id]
         if self.records or self.path.exists():
-            write_atomic(self.path, _lines(self.records.values()))
+            write_atomic(self.path, _error_lines(self.records.values()))
 
     def add(self, record: dict[str, Any]) -> None:
         """Append one failure and push it to disk (failures are rare; losing one is worse)."""
-        if self._fh is None:
-            self._fh = open(self.path, "a", encoding="utf-8")
-        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        with named_disk_full(self.path.parent):
+            if self._fh is None:
+                self._fh = open(self.path, "a", encoding="ascii")
+            self._fh.write(json.dumps(record) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
         self.records[record["id"]] = record
 
     def close(self) -> None:
@@ -214,25 +235,19 @@ class ErrorLog:
 
 
 class OutputLock:
-    """An exclusive lock on the output directory, so two runs never write the same shards.
-    The kernel drops it when the process dies, SIGKILL included."""
+    """The output directory's lock (.generate.lock, naming the PID), so two runs never write the same
+    shards; the kernel drops it when the process dies, SIGKILL included, and a finished run removes it."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.path = out_dir / LOCK_FILE
-        self._fd: int | None = None
+        self._lock = _Lock(out_dir, LOCK_FILE, "`curator generate`")
+        self.path = self._lock.path
 
     def __enter__(self) -> OutputLock:
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(self._fd)
-            self._fd = None
-            raise ConfigError(f"another `curator generate` is writing to {self.path.parent}; wait for it or use another --out") from exc
+            self._lock.acquire()
+        except OutputBusyError as exc:
+            raise ConfigError(str(exc)) from None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        self._lock.release()

@@ -2,24 +2,19 @@
 
 Sources are processed in recipe order, which is their priority: a row that duplicates a row
 already kept from an earlier source is dropped and counted against that pair of sources.
-The output is DIR/part-NNNNN.parquet plus DIR/manifest.json (CONTRACTS §1); the same recipe
-gives the same bytes.
+The output is a mix folder as curator/mix/schema.py defines it (docs/mix.md): parquet parts and
+manifest.json, published whole; the same recipe gives the same bytes. One build at a time writes a
+folder, and a build first removes what a killed one left there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from curator.errors import ConfigError
 from curator.mix import filters
@@ -28,27 +23,11 @@ from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, default
 from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
-from training.atomic import write_text
+from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter, mix_lock, remove_stale_files
+from training.outlock import OutputBusyError
+from training.text import is_valid_unicode
 
-MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
 _MAX_REASONS = 20
-
-TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()),
-                            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
-MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
-                          ("tool_call_id", pa.string()), ("name", pa.string())])
-SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("source", pa.string()),
-        ("category", pa.string()),
-        ("messages", pa.list_(MESSAGE_TYPE)),
-        ("turns", pa.string()),
-        ("keep_responses", pa.bool_()),
-        ("tools", pa.string()),  # JSON list of the tools offered (OpenAI shape), null when none
-    ]
-)
 
 
 @dataclass
@@ -137,96 +116,6 @@ class _Examined:
     reason: str | None = None
 
 
-class _PartWriter:
-    """Writes rows into part files under temporary names; `commit` renames them into place."""
-
-    def __init__(self, out_dir: Path, rows_per_part: int) -> None:
-        self.out_dir = out_dir
-        self.rows_per_part = rows_per_part
-        self.buffer: list[tuple[str, str, str, Conversation, str, bool]] = []
-        self.parts: list[tuple[Path, Path, int]] = []  # (tmp, final, rows)
-
-    def add(self, row: tuple[str, str, str, Conversation, str, bool]) -> None:
-        self.buffer.append(row)
-        if len(self.buffer) >= self.rows_per_part:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self.buffer:
-            return
-        final = self.out_dir / f"part-{len(self.parts):05d}.parquet"
-        tmp = self.out_dir / f".{final.name}.tmp-{os.getpid()}"
-        pq.write_table(_table(self.buffer), tmp, compression="zstd")
-        self.parts.append((tmp, final, len(self.buffer)))
-        self.buffer = []
-
-    def finish(self) -> list[dict[str, Any]]:
-        """Flush what is left; return the parts' manifest entries (file, rows, sha256)."""
-        self._flush()
-        return [{"file": final.name, "rows": rows, "sha256": _sha256(tmp)} for tmp, final, rows in self.parts]
-
-    def commit(self, manifest: dict[str, Any]) -> None:
-        """Move the parts into place, drop parts left by an older build, write the manifest last."""
-        finals = {final.name for _, final, _ in self.parts}
-        for tmp, final, _ in self.parts:
-            os.replace(tmp, final)
-        for stale in self.out_dir.glob("part-*.parquet"):
-            if stale.name not in finals:
-                stale.unlink()
-        write_text(self.out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-
-    def abort(self) -> None:
-        for tmp, _, _ in self.parts:
-            tmp.unlink(missing_ok=True)
-
-
-def _table(rows: Sequence[tuple[str, str, str, Conversation, str, bool]]) -> pa.Table:
-    # Built column-wise: much faster than from_pylist on nested dicts.
-    offsets = [0]
-    roles: list[str] = []
-    contents: list[str] = []
-    calls: list[Any] = []
-    call_ids: list[str | None] = []
-    names: list[str | None] = []
-    for row in rows:
-        for turn in row[3]:
-            roles.append(turn[0])
-            contents.append(turn[1])
-            calls.append(getattr(turn, "tool_calls", None))
-            call_ids.append(getattr(turn, "tool_call_id", None))
-            names.append(getattr(turn, "name", None))
-        offsets.append(len(roles))
-    messages = pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()),
-        pa.StructArray.from_arrays(
-            [pa.array(roles, pa.string()), pa.array(contents, pa.string()), pa.array(calls, pa.list_(TOOL_CALL_TYPE)),
-             pa.array(call_ids, pa.string()), pa.array(names, pa.string())],
-            fields=list(MESSAGE_TYPE),
-        ),
-    )
-    tools = [json.dumps(t, ensure_ascii=False) if (t := getattr(r[3], "tools", None)) else None for r in rows]
-    return pa.Table.from_arrays(
-        [
-            pa.array([r[0] for r in rows], pa.string()),
-            pa.array([r[1] for r in rows], pa.string()),
-            pa.array([r[2] for r in rows], pa.string()),
-            messages,
-            pa.array([r[4] for r in rows], pa.string()),
-            pa.array([r[5] for r in rows], pa.bool_()),
-            pa.array(tools, pa.string()),
-        ],
-        schema=SCHEMA,
-    )
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def dedup_text(prompt: Conversation) -> str:
     """Return the text dedup compares: the user and tool turns (system prompts are often shared boilerplate)."""
     return "\n".join(content for role, content in prompt if role in ("user", "tool"))
@@ -247,6 +136,8 @@ def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int
             prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)  # type: ignore[arg-type]
         except MalformedRow as exc:
             return _Examined(None, "malformed", str(exc))
+        if not all(is_valid_unicode(content) for _, content in prompt):
+            return _Examined(None, "malformed", "text is not valid Unicode (lone surrogate)")
         reason = filters.cheap_filter(prompt, max_chars)
         if reason is not None:
             return _Examined(None, "filtered", reason)
@@ -275,7 +166,7 @@ def _build_source(
     if refusal is not None:
         report.skipped = refusal
         return report, []
-    open_rows = open_source(spec, recipe.base_dir, recipe.seed)
+    open_rows = open_source(spec, recipe.base_dir, recipe.seed, recipe.path_root)
     examine = _examiner(spec, report, f"source {name!r}", recipe.filters.max_prompt_chars)
 
     def on_read(n: int) -> None:
@@ -336,12 +227,28 @@ def build_mix(
     if max_tokens is not None and tokenizer is None:
         raise ConfigError("max_prompt_tokens needs the target's tokenizer (build-mix --tokenizer PATH)")
     counter = filters.TokenCounter(tokenizer) if tokenizer is not None else None
-    out.mkdir(parents=True, exist_ok=True)
-    # A manifest marks a finished mix: remove the old one first so a failed rebuild is not mistaken for one.
-    (out / MANIFEST).unlink(missing_ok=True)
+    try:
+        lock = mix_lock(out).acquire()
+    except OutputBusyError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        remove_stale_files(out)
+        return _build(recipe, out, counter, max_tokens, licenses, progress)
+    finally:
+        lock.release()
+
+
+def _build(
+    recipe: Recipe,
+    out: Path,
+    counter: filters.TokenCounter | None,
+    max_tokens: int | None,
+    licenses: Mapping[str, str | None] | None,
+    progress: MixProgress | None,
+) -> dict[str, Any]:
     deduper = Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near)
     pairs: Counter[tuple[int, int, str]] = Counter()
-    writer = _PartWriter(out, recipe.rows_per_part)
+    writer = MixWriter(out, recipe.rows_per_part)
     reports: list[SourceReport] = []
     try:
         for idx, spec in enumerate(recipe.sources):
@@ -356,7 +263,7 @@ def build_mix(
                 progress.source_done(report)
         parts = writer.finish()
         manifest = _manifest(recipe, reports, pairs, parts, max_tokens)
-        writer.commit(manifest)
+        writer.publish(manifest)
     except BaseException:
         writer.abort()
         raise
@@ -389,7 +296,7 @@ def _manifest(
         "seed": recipe.seed,
         "rows": total["kept"],
         "total": total,
-        "columns": [f.name for f in SCHEMA],
+        "columns": list(COLUMNS),
         "parts": parts,
         "sources": sources,
         "duplicates": dup_pairs,
@@ -401,15 +308,6 @@ def _manifest(
         },
         "recipe": recipe.model_dump(mode="json"),
     }
-
-
-def read_manifest(mix_dir: str | Path) -> dict[str, Any]:
-    """Return a built mix's manifest; ConfigError if the folder holds no finished mix."""
-    path = Path(mix_dir) / MANIFEST
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{mix_dir}: no {MANIFEST} (not a finished mix; run build-mix)") from None
 
 
 def licenses_from_catalog(catalog: Any, recipe: Recipe) -> dict[str, str | None]:

@@ -64,6 +64,9 @@ def read_jsonl(path: Path) -> Iterator[Row]:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
                 continue
+            except RecursionError:
+                yield BrokenRow(f"JSON nested too deep ({path.name}:{lineno})")
+                continue
             yield _as_row(value, f"{path.name}:{lineno}")
 
 
@@ -100,6 +103,19 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
             return
         try:
             value, end = decoder.raw_decode(buf, pos)
+        except RecursionError:
+            end = _value_end(buf, pos)
+            if end < 0 and not eof:  # the element goes on past the buffer: read more and look again
+                more = fh.read(_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            count += 1
+            yield BrokenRow(f"JSON nested too deep ({path.name}[{count - 1}])")
+            if end < 0:
+                return
+            pos = end
+            continue
         except json.JSONDecodeError:
             if eof:
                 yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
@@ -113,6 +129,32 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
         pos = end
         if pos > _CHUNK:
             buf, pos = buf[pos:], 0
+
+
+def _value_end(buf: str, pos: int) -> int:
+    """Return the index just past the JSON array/object starting at `pos`, or -1 when it does not end in `buf`.
+
+    Brackets are counted without building anything, for a value nested too deep to decode.
+    """
+    depth, in_string, escaped = 0, False, False
+    for i in range(pos, len(buf)):
+        c = buf[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
 
 
 def read_parquet(path: Path) -> Iterator[Row]:
@@ -166,11 +208,22 @@ def _hub_rows(spec: SourceSpec, seed: int) -> Iterator[Row]:
         yield _as_row(row, what)
 
 
-def open_source(spec: SourceSpec, base_dir: Path, seed: int) -> RowSource:
-    """Return a callable that yields the source's rows from the start each time it is called."""
+def open_source(spec: SourceSpec, base_dir: Path, seed: int, confine_to: Path | None = None) -> RowSource:
+    """Return a callable that yields the source's rows from the start each time it is called.
+
+    With `confine_to`, a local source (every file of it, symlinks followed) must lie in that folder.
+    """
     if spec.path is not None:
         path = Path(spec.path)
         files = local_files(path if path.is_absolute() else base_dir / path)
+        if confine_to is not None:
+            root = confine_to.resolve()
+            outside = [f for f in files if not f.resolve().is_relative_to(root)]
+            if outside:
+                raise ConfigError(
+                    f"source path {spec.path!r} reads {outside[0]}, outside the recipe's folder {root}; "
+                    "move the data under that folder or set `allow_outside_paths: true` in the recipe"
+                )
         if spec.scan is not None:
             return lambda: _take(_local_rows(files), spec.scan)
         return lambda: _local_rows(files)

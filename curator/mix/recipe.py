@@ -117,7 +117,11 @@ class Recipe(_Strict):
     dedup: DedupSpec = DedupSpec()
     filters: FilterSpec = FilterSpec()
     rows_per_part: int = Field(50_000, gt=0)
+    allow_outside_paths: bool = Field(
+        False, description="let `path:` sources of a recipe file read outside the file's folder"
+    )
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _from_file: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Recipe:
@@ -134,9 +138,20 @@ class Recipe(_Strict):
         """Return the folder relative `path:` sources resolve against (the recipe file's folder)."""
         return self._base_dir
 
-    def with_base_dir(self, base_dir: Path) -> Recipe:
-        """Return this recipe with relative paths resolving against `base_dir`."""
+    @property
+    def path_root(self) -> Path | None:
+        """Return the folder `path:` sources must lie in (a recipe file's folder), or None when unconfined.
+
+        A recipe file may come from someone else: without `allow_outside_paths: true` its sources
+        cannot name files elsewhere on this machine (`../../secrets/creds.json`). A recipe built in
+        code names the caller's own paths.
+        """
+        return self._base_dir if self._from_file and not self.allow_outside_paths else None
+
+    def with_base_dir(self, base_dir: Path, *, from_file: bool = False) -> Recipe:
+        """Return this recipe with relative paths resolving against `base_dir` (confined to it when `from_file`)."""
         self._base_dir = Path(base_dir)
+        self._from_file = from_file
         return self
 
     def total_samples(self) -> int:
@@ -178,4 +193,4 @@ def load_recipe(path: str | Path) -> Recipe:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    return recipe_from_dict(data, str(path)).with_base_dir(path.resolve().parent)
+    return recipe_from_dict(data, str(path)).with_base_dir(path.resolve().parent, from_file=True)

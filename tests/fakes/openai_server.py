@@ -330,27 +330,21 @@ def _main() -> None:
 
 
 def write_mix(mix_dir: Any, rows: Sequence[dict[str, Any]], files: int = 1) -> Any:
-    """Write `rows` as a build-mix folder (CONTRACTS §1 schema, split over `files` parquet
-    files) for tests of this server's clients; return the folder. Rows may leave out
-    source/category/turns/keep_responses (defaults: "test", "chat", "all", False)."""
+    """Write `rows` as a finished build-mix folder (the mix schema of curator/mix/schema.py, split
+    over `files` parquet parts, published with its manifest) for tests of this server's clients;
+    return the folder. Rows may leave out source/category/turns/keep_responses (defaults: "test",
+    "chat", "all", False) and may break the format, as a damaged mix would."""
     from pathlib import Path
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    message = pa.struct([("role", pa.string()), ("content", pa.string())])
-    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("category", pa.string()),
-                        ("messages", pa.list_(message)), ("turns", pa.string()), ("keep_responses", pa.bool_())])
+    from curator.mix.schema import SCHEMA, write_tables
+
     full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, **r} for r in rows]
     out = Path(mix_dir)
-    out.mkdir(parents=True, exist_ok=True)
     per = max(1, -(-len(full) // files))
-    for k in range(files):
-        part = full[k * per:(k + 1) * per]
-        pq.write_table(pa.Table.from_pylist(part, schema=schema), out / f"part-{k:05d}.parquet")
-    (out / "manifest.json").write_text(json.dumps({"rows": len(full)}))
+    write_tables(out, [pa.Table.from_pylist(full[k * per:(k + 1) * per], schema=SCHEMA) for k in range(files)], "test-mix")
     return out
-
 
 if __name__ == "__main__":
     _main()

@@ -1,0 +1,88 @@
+"""One writer per output folder: an exclusive lock file that holds the writer's PID.
+
+The lock is an flock on `<folder>/<name>`, so the kernel drops it when the holder dies (SIGKILL
+included) and the next run takes it over at once; the file's content (PID and host) is only there
+to name the holder in the refusal. A run that finishes removes the file while still holding it,
+and a run that got the lock checks that the path still names the file it locked, so a waiter that
+opened the old file just before it was removed cannot end up writing beside a newer holder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+from training.errors import TrainingError
+
+
+class OutputBusyError(TrainingError):
+    """Another live process is writing to the same output folder."""
+
+
+class OutputLock:
+    """Exclusive lock on an output folder for one stage (`with OutputLock(folder, ".x.lock", "curator x"):`)."""
+
+    def __init__(self, folder: str | Path, name: str, stage: str) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / name
+        self.stage = stage
+        self._fd: int | None = None
+
+    def acquire(self) -> OutputLock:
+        """Take the lock or raise OutputBusyError naming the live holder's PID; return self."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+                os.close(fd)
+                who = f"PID {holder[0]}" + (f" on {holder[1]}" if len(holder) > 1 else "") if holder else "another process"
+                raise OutputBusyError(
+                    f"{self.folder} is being written by another {self.stage} ({who}); "
+                    "wait for it to finish or use another output folder"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the previous holder removed the file as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def holder(self) -> str | None:
+        """Return who holds the lock ("PID n on host") while a live process does, else None (takes nothing)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            return f"PID {held[0]}" + (f" on {held[1]}" if len(held) > 1 else "") if held else "another process"
+        finally:
+            os.close(fd)
+        return None
+
+    def release(self) -> None:
+        """Remove the lock file and let go of the lock (nothing when not held)."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> OutputLock:
+        return self if self._fd is not None else self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
