@@ -179,15 +179,35 @@ def test_generation_stops_at_end_of_sequence_inside_an_accepted_draft(target) ->
     assert spec.tokens == expected == greedy_decode(model, ids, 50, {stop}).tokens
 
 
-def test_proposer_returning_short_paths_is_refused(target) -> None:
+@pytest.mark.parametrize("paths", [[[3] * (STEPS + 1)], [[3], []], []])
+def test_proposer_returning_paths_outside_1_to_k_tokens_is_refused(target, paths) -> None:
     model, tokenizer = target
 
-    class Short(Garbage):
+    class Wrong(Garbage):
         def propose(self, tokens, aux, steps, topk):
-            return [[3]]
+            return paths
 
     with pytest.raises(TrainingError, match="lengths"):
-        speculative_decode(model, Short(), [5, 6, 7], steps=STEPS, topk=1, max_new_tokens=8, eos_ids=set())
+        speculative_decode(model, Wrong(), [5, 6, 7], steps=STEPS, topk=1, max_new_tokens=8, eos_ids=set())
+
+
+def test_tree_paths_of_different_lengths_are_verified_each_to_its_own_end(target) -> None:
+    """A tree under a draft-token budget has shorter and longer paths; padding is never accepted."""
+    model, tokenizer = target
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "def return value"}])
+    ref = greedy_decode(model, ids, 40, set()).tokens
+
+    class Ragged(Garbage):
+        def begin(self, prompt_ids):
+            self.n0 = len(prompt_ids)
+
+        def propose(self, tokens, aux, steps, topk):
+            done = tokens.shape[0] - self.n0
+            truth = ref[done : done + steps]
+            return [[truth[0]], [3] * steps]  # right but one token long, beside a wrong full path
+
+    spec = speculative_decode(model, Ragged(), ids, steps=STEPS, topk=2, max_new_tokens=20, eos_ids=set())
+    assert spec.tokens == ref[:20] and set(spec.accepted) == {1}
 
 
 def test_prompt_file_counts_malformed_lines(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from training.draft import Eagle3Draft, KVCache
 from training.errors import ModelMismatchError, TrainingError
+from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens
 
 
 class GreedyMismatchError(TrainingError):
@@ -67,10 +68,15 @@ class DraftProposer:
 
     The cache holds only positions fed with real target states; each round's drafted positions
     are cropped away at the start of the next, once verification has said which tokens stand.
+    A tree (topk > 1) is grown as SGLang grows it (training.simulate.TreeBuilder): beams of topk,
+    each slot attending to the real prefix and its own slot's earlier keys, and the top
+    `num_draft_tokens`-1 nodes by cumulative probability verified (None: steps+1 for a chain,
+    every candidate for a tree).
     """
 
-    def __init__(self, draft: Eagle3Draft) -> None:
+    def __init__(self, draft: Eagle3Draft, num_draft_tokens: int | None = None) -> None:
         self.draft = draft.eval()
+        self.num_draft_tokens = num_draft_tokens
         self.aux_layer_ids: list[int] | None = list(draft.config.aux_layer_ids)
         if len(self.aux_layer_ids) != draft.config.num_aux_layers:
             raise ModelMismatchError(
@@ -96,29 +102,24 @@ class DraftProposer:
         hidden = aux[self.n_real : n - 1].to(device=device, dtype=dtype)[None]  # (1, T, 3Ht)
         out = self.draft(ids, hidden, cache=self.cache)
         self.n_real = n - 1
-        logprobs = out.logits[0, -1].float().log_softmax(-1)  # (draft_vocab,)
-        scores, first = logprobs.topk(max(1, topk))  # the root's children
-        paths = [[int(d)] for d in first.tolist()]
-        scores = scores.tolist()
-        hidden = out.hidden[:, -1:].expand(len(paths), 1, -1)  # (P, 1, H)
-        cache = self._batched(len(paths))
+        builder = TreeBuilder(topk)
+        beams = builder.first(out.logits[:, -1])[0]  # (k,) draft ids
+        hidden = out.hidden[:, -1:].expand(topk, 1, -1)  # (k, 1, H)
+        cache = self._batched(topk)
         for _ in range(steps - 1):
-            last = torch.tensor([p[-1] for p in paths], device=device)[:, None]  # (P, 1) draft ids
-            step = self.draft(self.draft.draft_to_target(last), hidden, cache=cache)
-            step_lp = step.logits[:, -1].float().log_softmax(-1)  # (P, draft_vocab)
-            top_lp, top_ids = step_lp.topk(max(1, topk), dim=-1)  # (P, k)
-            cand = torch.tensor(scores, device=device)[:, None] + top_lp  # cumulative log-prob (P, k)
-            best = cand.flatten().topk(min(max(1, topk), cand.numel())).indices
-            parents, picks = (best // top_ids.shape[1]).tolist(), (best % top_ids.shape[1]).tolist()
-            paths = [paths[p] + [int(top_ids[p, c])] for p, c in zip(parents, picks)]
-            scores = [float(cand[p, c]) for p, c in zip(parents, picks)]
-            hidden = step.hidden[parents, -1:]  # (P, 1, H)
-            cache.k, cache.v = cache.k[parents], cache.v[parents]  # type: ignore[index]
+            step = self.draft(self.draft.draft_to_target(beams)[:, None], hidden, cache=cache)
+            beams, parent_slot = builder.extend(step.logits[:, -1][None])  # (1, k) each
+            beams, parent_slot = beams[0], parent_slot[0]
+            hidden = step.hidden[parent_slot, -1:]  # (k, 1, H): each new beam reads its parent's state
+            # the keys stay with their slot, as in SGLang's draft decode (not reordered by parent)
+        tree = builder.tree()
+        budget = default_draft_tokens(steps, topk, self.num_draft_tokens)
+        paths = tree.paths(tree.selected(budget))
         to_target = self.draft.draft_to_target
         return [to_target(torch.tensor(p, device=device)).tolist() for p in paths]
 
     def _batched(self, n_paths: int) -> KVCache:
-        """Return the cache for drafting: this one for a chain, a per-path copy for a tree."""
+        """Return the cache for drafting: this one for a chain, a per-slot copy for a tree."""
         if n_paths == 1:
             return self.cache
         tree = KVCache()
@@ -232,19 +233,22 @@ def speculative_decode(
         t0 = time.perf_counter()
         paths = proposer.propose(seq, aux, steps, topk)
         result.draft_s += time.perf_counter() - t0
-        if not paths or any(len(p) != steps for p in paths):
-            raise TrainingError(f"the proposer returned paths of lengths {[len(p) for p in paths]}, expected {steps}")
+        if not paths or any(not 1 <= len(p) <= steps for p in paths):
+            raise TrainingError(f"the proposer returned paths of lengths {[len(p) for p in paths]}, expected 1..{steps}")
         n_paths, n = len(paths), seq.shape[0]
+        width = max(len(p) for p in paths)
         t0 = time.perf_counter()
         if n_paths > 1:
             cache.batch_repeat_interleave(n_paths)
-        verify = torch.tensor([[int(seq[-1])] + p for p in paths], device=device)  # (P, K+1)
-        positions = torch.arange(n - 1, n + steps, device=device).expand(n_paths, -1)
+        # a tree's shorter paths are padded: tokens past a path's end are never accepted
+        verify = torch.tensor([[int(seq[-1])] + p + [p[-1]] * (width - len(p)) for p in paths], device=device)
+        lengths = torch.tensor([len(p) for p in paths], device=device)  # (P,)
+        positions = torch.arange(n - 1, n + width, device=device).expand(n_paths, -1)
         out = target(input_ids=verify, position_ids=positions, use_cache=True,
                      output_hidden_states=want_hidden, **{cache_kw: cache})
-        choice = out.logits.argmax(-1)  # (P, K+1): the target's own token after each position
+        choice = out.logits.argmax(-1)  # (P, W+1): the target's own token after each position
         drafted = verify[:, 1:]
-        matches = (drafted == choice[:, :-1]).long().cumprod(-1).sum(-1)  # (P,) accepted prefix lengths
+        matches = (drafted == choice[:, :-1]).long().cumprod(-1).sum(-1).minimum(lengths)  # (P,) accepted prefixes
         best = int(matches.argmax())
         a = int(matches[best])
         if n_paths > 1:
@@ -271,41 +275,6 @@ class PromptRecord:
     forwards: int
     acceptance_length: float
     greedy_match: str  # "exact" | "tie@i" (diverged at a near-tie of the target's logits)
-
-
-@dataclass
-class AcceptanceStats:
-    """Acceptance over many verification forwards: tokens per forward and rate per draft position."""
-
-    steps: int
-    accepted: list[int] = field(default_factory=list)
-
-    def add(self, accepted: Iterable[int]) -> None:
-        self.accepted.extend(accepted)
-
-    @property
-    def forwards(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def acceptance_length(self) -> float:
-        """Return mean tokens per target forward (accepted draft tokens + the target's own)."""
-        return 1.0 + sum(self.accepted) / self.forwards if self.accepted else float("nan")
-
-    def position_rates(self) -> list[dict[str, float]]:
-        """Return per draft position k: P(tokens 1..k accepted) and P(token k | tokens 1..k-1)."""
-        rows = []
-        reached = self.forwards
-        for k in range(1, self.steps + 1):
-            hits = sum(a >= k for a in self.accepted)
-            rows.append({"position": k, "rate": hits / self.forwards if self.forwards else float("nan"),
-                         "conditional": hits / reached if reached else float("nan")})
-            reached = hits
-        return rows
-
-    def to_json(self) -> dict[str, Any]:
-        return {"forwards": self.forwards, "acceptance_length": self.acceptance_length,
-                "per_position": self.position_rates()}
 
 
 @dataclass
