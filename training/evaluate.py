@@ -481,14 +481,87 @@ def spread_by_category(prompts: Sequence[EvalPrompt], limit: int | None) -> list
     return picked
 
 
+@dataclass
+class HeldOutSplit:
+    """Which samples of which store the draft never trained on, as its checkpoint recorded them."""
+
+    checkpoint: str
+    train_store: str  # the store --data trained on (resolved path)
+    eval_store: str  # a separate held-out store (eval_data), or "" when the split is by id hash
+    eval_fraction: float
+    eval_max_samples: int | None
+
+    def held_out(self, data: str | Path, ids: Sequence[str]) -> tuple[list[str], str]:
+        """Return (ids of store `data` the draft never trained on, how that was decided).
+
+        Refused: the training store of a run that held out a separate store (every sample trained).
+        """
+        from training.batches import split_eval
+
+        path = str(Path(data).resolve())
+        if self.eval_store and path == self.eval_store:
+            return sorted(ids), "the run's separate held-out store (eval_data)"
+        if path == self.train_store:
+            if self.eval_store:
+                raise TrainingError(
+                    f"{data} is the store this draft trained on, all of it (its run held out {self.eval_store}): "
+                    f"pass --data {self.eval_store}"
+                )
+            held = split_eval(ids, self.eval_fraction)[1]
+            return held, f"held-out split of the training store (eval_fraction {self.eval_fraction}, from the checkpoint)"
+        if not Path(self.train_store).is_dir():
+            raise TrainingError(
+                f"{data} is not the store this draft trained on ({self.train_store}), and that store is gone: "
+                "which of its samples trained cannot be checked; restore it or pass the training store"
+            )
+        from training.store import HiddenStateStore
+
+        train_ids = HiddenStateStore.open(self.train_store).ids()
+        trained = set(train_ids if self.eval_store else split_eval(train_ids, self.eval_fraction)[0])
+        unseen = [sid for sid in ids if sid not in trained]
+        return unseen, f"another store; {len(ids) - len(unseen)} sample id(s) that trained left out"
+
+
+def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
+    """Return the held-out split recorded by the checkpoint an export came from (config.json `curator`).
+
+    The split is never typed again by hand: a wrong --eval-fraction would put trained samples in
+    the estimate.
+    """
+    config_path = Path(draft_dir) / "config.json"
+    try:
+        provenance = json.loads(config_path.read_text(encoding="utf-8")).get("curator") or {}
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise TrainingError(f"{config_path} is unreadable ({exc}); re-export the draft with curator export") from None
+    ckpt = provenance.get("checkpoint")
+    if not ckpt:
+        raise TrainingError(
+            f"{draft_dir} records no curator.checkpoint: its held-out split is unknown, so --data cannot be "
+            "estimated without risking trained samples; export the draft with curator export"
+        )
+    try:
+        meta = json.loads((Path(ckpt) / "meta.json").read_text(encoding="utf-8"))
+        cfg, store = meta["train_config"], meta["store"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise TrainingError(
+            f"the checkpoint {ckpt} that {draft_dir} was exported from is unreadable ({exc!r}): "
+            "its held-out split is unknown"
+        ) from None
+    eval_store = str(Path(cfg["eval_data"]).resolve()) if cfg.get("eval_data") else ""
+    return HeldOutSplit(checkpoint=str(ckpt), train_store=str(store["path"]), eval_store=eval_store,
+                        eval_fraction=float(cfg.get("eval_fraction", 0.0)),
+                        eval_max_samples=cfg.get("eval_max_samples"))
+
+
 def offline_estimate(
-    draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, steps: int,
-    *, eval_fraction: float = 0.05, max_samples: int | None = 512,
+    draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, split: HeldOutSplit, *,
+    steps: int, topk: int = 1, num_draft_tokens: int | None = None, max_samples: int | None = 512,
+    max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Return the teacher-forced estimate on the store's held-out samples (the trainer's own split):
-    acc and cond_acc per draft position and the expected acceptance length of a K-token chain."""
-    from training.batches import split_eval
+    """Return both offline estimates on the store's held-out samples (as the checkpoint split them):
+    the simulated decoding (`simulated`, the figure to trust) and the teacher-forced acc/cond_acc."""
     from training.objective import offline_metrics
+    from training.simulate import simulate_acceptance
     from training.store import HiddenStateStore
     from training.target_head import TargetHead
 
@@ -500,13 +573,17 @@ def offline_estimate(
         raise ModelMismatchError(
             f"store {store_path} holds layers {stored_ids} (inputs of layers), the draft fuses {draft.config.aux_layer_ids}"
         )
-    _, held = split_eval(store.ids(), eval_fraction, max_samples)
+    held, how = split.held_out(store_path, store.ids())
+    held = held[:max_samples] if max_samples is not None else held
     if not held:
-        raise TrainingError(f"store {store_path} has no held-out samples at eval fraction {eval_fraction}")
+        raise TrainingError(f"store {store_path} has no samples this draft did not train on ({how})")
     device = next(draft.parameters()).device
     head = TargetHead.from_pretrained(target_dir, dtype=torch.float32, device=device)
-    metrics = offline_metrics(draft, store, held, steps, head)
-    return {**metrics, "samples": len(held), "eval_fraction": eval_fraction}
+    sim = simulate_acceptance(draft, store, held, steps=steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                              target_head=head, max_new_tokens=max_new_tokens)
+    teacher = offline_metrics(draft, store, held, steps, head)
+    return {"samples": len(held), "split": how, "checkpoint": split.checkpoint,
+            "acceptance_length": sim.acceptance_length, "simulated": sim.to_json(), "teacher_forced": teacher}
 
 
 def _compare(prompt_id: str, spec: list[int], greedy: GreedyResult, tie_margin: float) -> str:
