@@ -146,7 +146,7 @@ def test_a_mix_with_the_draft_sends_only_the_rows_it_never_trained_on(tmp_path: 
     import pyarrow.parquet as pq
 
     from curator.serve_bench.prompts import load_bench_prompts
-    from training.trainer import split_eval
+    from training.batches import split_eval
 
     mix = tmp_path / "mix"
     mix.mkdir()
@@ -157,7 +157,7 @@ def test_a_mix_with_the_draft_sends_only_the_rows_it_never_trained_on(tmp_path: 
     ckpt = tmp_path / "run" / "checkpoints" / "step-0000001"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"store": {"path": str(tmp_path / "states")},
-                                                "train_config": {"eval_fraction": 0.25, "eval_data": ""}}))
+                                                "split": {"eval_fraction": 0.25, "eval_data": ""}}))
     export = tmp_path / "export"
     export.mkdir()
     (export / "config.json").write_text(json.dumps({"curator": {"checkpoint": str(ckpt)}}))

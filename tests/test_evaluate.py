@@ -259,7 +259,7 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
     meta = {"step": 1, "draft_config": draft.config.to_dict(), "aux_layer_ids": AUX_IDS,
             "layer_convention": "sglang-input", "target_dir": str(tiny_target), "ttt_steps": STEPS,
             "store": {"path": str((store or root / "no-store").resolve())},
-            "train_config": {"eval_fraction": eval_fraction, "eval_data": str(eval_data or ""), "eval_max_samples": 512}}
+            "split": {"eval_fraction": eval_fraction, "eval_data": str(eval_data or ""), "eval_ids": [], "train_samples": 0}}
     ckpt = save_checkpoint(root / "run", draft, meta, None)
     return export_checkpoint(ckpt, root / f"export-{fmt}", fmt)
 
@@ -296,17 +296,28 @@ def test_estimate_on_the_training_store_of_a_run_with_a_separate_held_out_store_
     assert split.held_out(held_store, ["s1", "s0"])[0] == ["s0", "s1"]
 
 
-def test_another_store_leaves_out_the_sample_ids_that_trained(target, tiny_target: Path, tmp_path: Path) -> None:
+def test_a_hash_split_carries_over_to_another_store_by_sample_id(target, tiny_target: Path, tmp_path: Path) -> None:
+    from training.batches import split_eval
     from training.evaluate import held_out_split
     from training.store import HiddenStateStore
-    from training.batches import split_eval
 
     model, tokenizer = target
     store = write_store(model, tokenizer, tmp_path / "store", n=8)
     export = export_random_draft(model, tiny_target, tmp_path, store=store, eval_fraction=0.5)
     trained, held = split_eval(HiddenStateStore.open(store).ids(), 0.5)
-    unseen, how = held_out_split(export).held_out(tmp_path / "copy", [*trained, "new"])
-    assert unseen == ["new"] and f"{len(trained)} sample id(s) that trained left out" in how
+    unseen, how = held_out_split(export).held_out(tmp_path / "copy", [*trained, *held])
+    assert sorted(unseen) == sorted(held) and "another store" in how
+
+
+def test_another_store_loses_the_ids_a_separate_held_out_run_trained_on(target, tiny_target: Path, tmp_path: Path) -> None:
+    from training.evaluate import held_out_split
+
+    model, tokenizer = target
+    train_store = write_store(model, tokenizer, tmp_path / "train", n=3)
+    held_store = write_store(model, tokenizer, tmp_path / "held", n=1)
+    export = export_random_draft(model, tiny_target, tmp_path, store=train_store, eval_data=held_store)
+    unseen, how = held_out_split(export).held_out(tmp_path / "other", ["s0", "s2", "new"])
+    assert unseen == ["new"] and "2 sample id(s) that trained left out" in how
 
 
 def test_a_draft_without_checkpoint_provenance_gets_no_offline_estimate(tmp_path: Path) -> None:

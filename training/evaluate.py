@@ -483,47 +483,48 @@ def spread_by_category(prompts: Sequence[EvalPrompt], limit: int | None) -> list
 
 @dataclass
 class HeldOutSplit:
-    """Which samples of which store the draft never trained on, as its checkpoint recorded them."""
+    """Which samples the draft never trained on, as its run recorded the split."""
 
     checkpoint: str
-    train_store: str  # the store --data trained on (resolved path)
+    train_store: str  # the store the run trained on (resolved path; "" when its checkpoint is gone)
     eval_store: str  # a separate held-out store (eval_data), or "" when the split is by id hash
     eval_fraction: float
-    eval_max_samples: int | None
 
     def held_out(self, data: str | Path, ids: Sequence[str]) -> tuple[list[str], str]:
         """Return (ids of store `data` the draft never trained on, how that was decided).
 
-        Refused: the training store of a run that held out a separate store (every sample trained).
+        A hash split holds a sample out by its id alone, so it carries over to any store. A run
+        with a separate held-out store trained on every sample of its training store: that store
+        is refused, and another store loses the ids the training store has.
         """
         from training.batches import split_eval
 
         path = str(Path(data).resolve())
-        if self.eval_store and path == self.eval_store:
+        if not self.eval_store:
+            held = split_eval(ids, self.eval_fraction)[1]
+            where = "the training store" if path == self.train_store else "another store, by the same id hash"
+            return held, f"held-out split of {where} (eval_fraction {self.eval_fraction}, from the checkpoint)"
+        if path == self.eval_store:
             return sorted(ids), "the run's separate held-out store (eval_data)"
         if path == self.train_store:
-            if self.eval_store:
-                raise TrainingError(
-                    f"{data} is the store this draft trained on, all of it (its run held out {self.eval_store}): "
-                    f"pass --data {self.eval_store}"
-                )
-            held = split_eval(ids, self.eval_fraction)[1]
-            return held, f"held-out split of the training store (eval_fraction {self.eval_fraction}, from the checkpoint)"
-        if not Path(self.train_store).is_dir():
             raise TrainingError(
-                f"{data} is not the store this draft trained on ({self.train_store}), and that store is gone: "
-                "which of its samples trained cannot be checked; restore it or pass the training store"
+                f"{data} is the store this draft trained on, all of it (its run held out {self.eval_store}): "
+                f"pass --data {self.eval_store}"
+            )
+        if not self.train_store or not Path(self.train_store).is_dir():
+            raise TrainingError(
+                f"{data} is not the run's held-out store ({self.eval_store}), and its training store "
+                f"{self.train_store or '(unknown)'} is gone: which samples trained cannot be checked"
             )
         from training.store import HiddenStateStore
 
-        train_ids = HiddenStateStore.open(self.train_store).ids()
-        trained = set(train_ids if self.eval_store else split_eval(train_ids, self.eval_fraction)[0])
+        trained = set(HiddenStateStore.open(self.train_store).ids())
         unseen = [sid for sid in ids if sid not in trained]
         return unseen, f"another store; {len(ids) - len(unseen)} sample id(s) that trained left out"
 
 
 def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
-    """Return the held-out split recorded by the checkpoint an export came from (config.json `curator`).
+    """Return the held-out split recorded for an export (config.json `curator`: its split and checkpoint).
 
     The split is never typed again by hand: a wrong --eval-fraction would put trained samples in
     the estimate.
@@ -533,24 +534,25 @@ def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
         provenance = json.loads(config_path.read_text(encoding="utf-8")).get("curator") or {}
     except (OSError, json.JSONDecodeError, AttributeError) as exc:
         raise TrainingError(f"{config_path} is unreadable ({exc}); re-export the draft with curator export") from None
-    ckpt = provenance.get("checkpoint")
-    if not ckpt:
-        raise TrainingError(
-            f"{draft_dir} records no curator.checkpoint: its held-out split is unknown, so --data cannot be "
-            "estimated without risking trained samples; export the draft with curator export"
-        )
+    ckpt = str(provenance.get("checkpoint") or "")
     try:
-        meta = json.loads((Path(ckpt) / "meta.json").read_text(encoding="utf-8"))
-        cfg, store = meta["train_config"], meta["store"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        meta = json.loads((Path(ckpt) / "meta.json").read_text(encoding="utf-8")) if ckpt else {}
+    except (OSError, json.JSONDecodeError):
+        meta = {}
+    split = provenance.get("split") or meta.get("split")
+    if not isinstance(split, dict):  # checkpoints written before the split was recorded on its own
+        cfg = meta.get("train_config")
+        split = {"eval_data": cfg.get("eval_data") or "", "eval_fraction": cfg.get("eval_fraction")} if isinstance(cfg, dict) else None
+    if not split or split.get("eval_fraction") is None:
         raise TrainingError(
-            f"the checkpoint {ckpt} that {draft_dir} was exported from is unreadable ({exc!r}): "
-            "its held-out split is unknown"
-        ) from None
-    eval_store = str(Path(cfg["eval_data"]).resolve()) if cfg.get("eval_data") else ""
-    return HeldOutSplit(checkpoint=str(ckpt), train_store=str(store["path"]), eval_store=eval_store,
-                        eval_fraction=float(cfg.get("eval_fraction", 0.0)),
-                        eval_max_samples=cfg.get("eval_max_samples"))
+            f"{draft_dir} records no training split (curator.split, or a readable curator.checkpoint): its "
+            "held-out split is unknown, so --data cannot be estimated without risking trained samples; "
+            "export the draft with curator export"
+        )
+    store = (meta.get("store") or {}).get("path") or ""
+    eval_store = str(Path(split["eval_data"]).resolve()) if split.get("eval_data") else ""
+    return HeldOutSplit(checkpoint=ckpt, train_store=str(store), eval_store=eval_store,
+                        eval_fraction=float(split["eval_fraction"]))
 
 
 def offline_estimate(

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from training.batches import load_batch
 from training.draft import Eagle3Draft, TTTCache
 from training.errors import TrainingError
 
@@ -382,8 +383,6 @@ def simulate_acceptance(
     num_draft_tokens: the engine's verification budget (default: steps+1 for a chain, every
     candidate for a tree). target_head, when given, checks that the continuation is greedy.
     """
-    from training.trainer import load_batch  # the trainer imports this module
-
     budget = default_draft_tokens(steps, topk, num_draft_tokens)
     device = next(draft.parameters()).device
     dtype = torch.bfloat16 if autocast else torch.float32

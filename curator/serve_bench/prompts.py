@@ -13,7 +13,7 @@ def held_out_rows(ids: list[str], draft_dir: Path) -> tuple[set[str], str]:
     """Return the row ids the draft never trained on, by the split its checkpoint recorded, and how."""
     from training.evaluate import held_out_split
     from training.store import HiddenStateStore
-    from training.trainer import split_eval
+    from training.batches import split_eval
 
     split = held_out_split(draft_dir)
     if split.eval_store:
