@@ -16,6 +16,7 @@ from training.simulate import (
     TreeBuilder,
     answer_spans,
     simulate_acceptance,
+    simulated_eval,
     walk_cycles,
 )
 from training.store import HiddenStateSample
@@ -190,3 +191,22 @@ def test_tree_budget_keeps_the_most_probable_nodes_and_only_reachable_paths() ->
     orphan = torch.tensor([[False, True, True, False, False, False]])  # 4->6 without 4
     assert tree.paths(orphan) == [[5]]
     assert isinstance(tree, DraftTree)
+
+
+def test_trainer_eval_split_over_ranks_adds_up_to_the_one_rank_figures(target, decoded) -> None:
+    model, _ = target
+    draft = echo_draft(model)
+    states = MemoryStates([s for _, s in decoded])
+    ids = [s.id for _, s in decoded]
+    counts = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        counts.append(t.clone())
+        return t
+
+    whole = simulated_eval(draft, states, ids, STEPS, reduce=keep)
+    for rank in (0, 1):
+        simulated_eval(draft, states, ids, STEPS, rank=rank, world=2, reduce=keep)
+    assert torch.equal(counts[1] + counts[2], counts[0])
+    assert set(whole["sim_categories"]) == {"code", "chat"} and len(whole["sim_per_position"]) == STEPS
+    assert 1.0 < whole["sim_accept_length"] < STEPS + 1

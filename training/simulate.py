@@ -423,3 +423,37 @@ def _check_greedy(result: SimulatedAcceptance, batch: Any, target_head: Callable
         argmax = target_head(batch.final[row, :-1][mask]).argmax(-1)  # one sequence at a time bounds [T, V]
         result.greedy_positions += int(mask.sum())
         result.greedy_agree += int((argmax == batch.input_ids[row, 1:][mask]).sum())
+
+
+def simulated_eval(
+    draft: Eagle3Draft,
+    store: SampleSource,
+    ids: Sequence[str],
+    steps: int,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    batch_size: int = 4,
+    max_length: int = 2048,
+    autocast: bool = False,
+) -> dict[str, Any]:
+    """Return the trainer's eval fields for a chain of `steps`: sim_accept_length, sim_per_position
+    and sim_categories, over all ranks (each simulates ids[rank::world]; `reduce` sums across them)."""
+    names = sorted({store.category(sid) or "all" for sid in ids})
+    local = simulate_acceptance(draft, store, list(ids)[rank::world], steps=steps, batch_size=batch_size,
+                                max_length=max_length, autocast=autocast)
+    device = next(draft.parameters()).device
+    counts = torch.zeros(len(names), steps + 1, dtype=torch.float64, device=device)
+    for i, name in enumerate(names):
+        if name in local.categories:
+            counts[i] = torch.tensor(local.categories[name].histogram(), dtype=torch.float64)
+    if reduce is not None:
+        counts = reduce(counts)
+    per_category = {n: AcceptanceStats.from_histogram([int(c) for c in row.tolist()]) for n, row in zip(names, counts)}
+    overall = AcceptanceStats.from_histogram([int(c) for c in counts.sum(0).tolist()])
+    return {
+        "sim_accept_length": overall.acceptance_length,
+        "sim_per_position": [r["rate"] for r in overall.position_rates()],
+        "sim_categories": {n: s.acceptance_length for n, s in per_category.items() if s.forwards},
+    }

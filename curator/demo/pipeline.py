@@ -231,7 +231,8 @@ class Demo:
             evals = [r for r in self.report.train_log if r.get("split") == "eval"]
             last = evals[-1] if evals else {}
             return {"steps": self.s.train_steps, "eval acc (step 0)": (last.get("acc") or [None])[0],
-                    "eval accept length": last.get("accept_length")}
+                    "eval accept length": last.get("accept_length"),
+                    "eval simulated accept length": last.get("sim_accept_length")}
 
         self._cli("train", ["train", "--config", str(config_path), "--catalog", str(self.catalog)], figures)
 
