@@ -237,6 +237,8 @@ class SampleSource(Protocol):
 
     def category(self, sid: str) -> str: ...
 
+    def length(self, sid: str) -> int: ...
+
 
 @dataclass
 class SimulatedAcceptance:
@@ -248,6 +250,7 @@ class SimulatedAcceptance:
     overall: AcceptanceStats
     categories: dict[str, AcceptanceStats]
     samples: int = 0
+    tokens: int = 0  # stored tokens fed to the draft (prompts and answers): what the cost scales with
     answer_tokens: int = 0  # answer tokens the walk decided
     greedy_positions: int = 0  # answer positions checked against the target's argmax
     greedy_agree: int = 0
@@ -263,13 +266,14 @@ class SimulatedAcceptance:
         return self.greedy_agree / self.greedy_positions if self.greedy_positions else None
 
     def seconds_per_1k_tokens(self) -> float:
-        return 1000.0 * self.seconds / self.answer_tokens if self.answer_tokens else float("nan")
+        """Return the cost: seconds per 1,000 held-out tokens fed (prompt and answer positions)."""
+        return 1000.0 * self.seconds / self.tokens if self.tokens else float("nan")
 
     def to_json(self) -> dict[str, Any]:
         return {
             "method": "simulated decoding (SGLang EAGLE-3 draft loop on stored target states)",
             "steps": self.steps, "topk": self.topk, "num_draft_tokens": self.num_draft_tokens,
-            "samples": self.samples, "answer_tokens": self.answer_tokens,
+            "samples": self.samples, "tokens": self.tokens, "answer_tokens": self.answer_tokens,
             "acceptance_length": self.acceptance_length, "overall": self.overall.to_json(),
             "categories": {c: s.to_json() for c, s in sorted(self.categories.items())},
             "greedy_agreement": self.greedy_agreement,
@@ -390,7 +394,7 @@ def simulate_acceptance(
     was_training = draft.training
     draft.eval()
     start = time.perf_counter()
-    ordered = sorted(ids, key=store.length) if hasattr(store, "length") else list(ids)
+    ordered = sorted(ids, key=store.length)  # similar lengths together: less padding
     try:
         for i in range(0, len(ordered), batch_size):
             chunk = ordered[i : i + batch_size]
@@ -408,6 +412,7 @@ def simulate_acceptance(
             if target_head is not None:
                 _check_greedy(result, batch, target_head)
             result.samples += len(chunk)
+            result.tokens += sum(min(store.length(sid), max_length) for sid in chunk)
     finally:
         draft.train(was_training)
     result.seconds = time.perf_counter() - start
