@@ -6,13 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes.serving_servers import FakeServingServer
 
 from curator.errors import EndpointError
 from curator.serve_bench.client import Endpoint
-from curator.serve_bench.engine_fields import VllmSpecCounters, parse_prometheus, sglang_verify_counts
+from curator.serve_bench.engine_fields import (
+    VllmSpecCounters,
+    parse_prometheus,
+    sglang_verify_counts,
+)
 from curator.serve_bench.report import verdict
 from curator.serve_bench.run import BenchPrompt, bench_serve
-from fakes.serving_servers import FakeServingServer
 
 CODE_MARK = 7  # a token id (SGLang) / word (vLLM) the stand-ins read as "a code prompt"
 

@@ -6,10 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import toy_corpus
+
 from training.draft import DraftConfig, Eagle3Draft
-from training.evaluate import DraftProposer, greedy_decode, load_target, render_prompt, speculative_decode
+from training.evaluate import (
+    DraftProposer,
+    greedy_decode,
+    load_target,
+    render_prompt,
+    speculative_decode,
+)
 from training.simulate import (
     AcceptanceStats,
     DraftTree,

@@ -4,7 +4,7 @@ length of a running server with the draft, beside a baseline server without it, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -26,24 +26,24 @@ def _concurrencies(values: list[str]) -> list[int]:
 def bench_serve_command(
     endpoint: Annotated[str, typer.Option("--endpoint", help="Base URL of the server running the draft.")],
     prompts: Annotated[Path, typer.Option("--prompts", help="Mix directory (its held-out rows with --draft) or a JSONL/text prompt file.")],
-    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Base URL of the same target served without speculative decoding.")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="Base URL of the same target served without speculative decoding.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="sglang (native /generate) or vllm (chat completions + /metrics).")] = "sglang",
-    baseline_engine: Annotated[Optional[str], typer.Option("--baseline-engine", help="Engine of --baseline (default: --engine).")] = None,
-    served_model: Annotated[Optional[str], typer.Option("--served-model", help="vLLM served model name (default: the first of /v1/models).")] = None,
-    draft: Annotated[Optional[Path], typer.Option("--draft", help="The exported draft: its checkpoint's split picks the mix's held-out rows.")] = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="The target's local model directory: renders prompts to ids for SGLang.")] = None,
-    concurrency: Annotated[list[str], typer.Option("--concurrency", help="Requests in flight; repeat or comma-separate (1,8,32).")] = ["1"],
+    baseline_engine: Annotated[str | None, typer.Option("--baseline-engine", help="Engine of --baseline (default: --engine).")] = None,
+    served_model: Annotated[str | None, typer.Option("--served-model", help="vLLM served model name (default: the first of /v1/models).")] = None,
+    draft: Annotated[Path | None, typer.Option("--draft", help="The exported draft: its checkpoint's split picks the mix's held-out rows.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The target's local model directory: renders prompts to ids for SGLang.")] = None,
+    concurrency: Annotated[list[str] | None, typer.Option("--concurrency", help="Requests in flight; repeat or comma-separate (1,8,32). Default 1.")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Output tokens per request (greedy).")] = 256,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most this many prompts, spread over categories.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many prompts, spread over categories.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 600.0,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the full report here.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
 ) -> int:
     """Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup."""
     from curator.serve_bench.client import Endpoint
     from curator.serve_bench.prompts import load_bench_prompts
     from curator.serve_bench.run import bench_serve
 
-    levels = _concurrencies(concurrency)
+    levels = _concurrencies(concurrency or ["1"])
     draft_ep = Endpoint(engine, endpoint, served_model or "")
     base_ep = Endpoint(baseline_engine or engine, baseline, served_model or "") if baseline else None
     needs_ids = "sglang" in (draft_ep.engine, base_ep.engine if base_ep else "")

@@ -11,9 +11,9 @@ from curator.serve_bench.run import BenchPrompt
 
 def held_out_rows(ids: list[str], draft_dir: Path) -> tuple[set[str], str]:
     """Return the row ids the draft never trained on, by the split its checkpoint recorded, and how."""
+    from training.batches import split_eval
     from training.evaluate import held_out_split
     from training.store import HiddenStateStore
-    from training.batches import split_eval
 
     split = held_out_split(draft_dir)
     if split.eval_store:
@@ -57,6 +57,6 @@ def load_bench_prompts(path: Path, *, draft_dir: Path | None = None, tokenizer_d
         if not (tokenizer_dir / "tokenizer_config.json").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
             raise ConfigError(f"{tokenizer_dir} holds no tokenizer: pass the target's local model directory")
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        render = lambda messages: render_prompt(tokenizer, messages)  # noqa: E731
+        render = lambda messages: render_prompt(tokenizer, messages)
     return [BenchPrompt(p.id, p.category or "all", p.messages, render(p.messages) if render else None)
             for p in prompts], source

@@ -12,7 +12,13 @@ from typing import Any
 import httpx
 
 from curator.errors import ConfigError
-from curator.serve_bench.client import Endpoint, RequestResult, metrics_page, served_model, timed_request
+from curator.serve_bench.client import (
+    Endpoint,
+    RequestResult,
+    metrics_page,
+    served_model,
+    timed_request,
+)
 from curator.serve_bench.engine_fields import VllmSpecCounters
 from curator.serve_bench.report import GroupResult, ServeBenchReport, sglang_acceptance
 
