@@ -122,11 +122,10 @@ class DraftTree:
     def reachable(self, keep: torch.Tensor) -> torch.Tensor:
         """Return [R, N] bool: nodes kept whose every ancestor is kept (what the verifier can reach)."""
         ok = keep.clone()
-        for i in range(ok.shape[1]):  # parents always precede their children
-            parent = self.parents[:, i]
-            has_parent = parent >= 0
-            parent_ok = ok.gather(1, parent.clamp(min=0)[:, None])[:, 0]
-            ok[:, i] &= ~has_parent | parent_ok
+        depth = torch.tensor(self.depth, device=keep.device)
+        for d in range(2, max(self.depth, default=1) + 1):  # a node's parent is one level up: final already
+            level = (depth == d).nonzero().squeeze(1)  # [n_d]
+            ok[:, level] &= ok.gather(1, self.parents[:, level])
         return ok
 
     def accepted(self, keep: torch.Tensor, truth: torch.Tensor, draft: Eagle3Draft) -> torch.Tensor:
