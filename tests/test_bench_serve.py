@@ -114,7 +114,7 @@ def test_cli_prints_the_verdict_and_writes_the_report(tmp_path: Path, capsys) ->
 
     out = tmp_path / "bench.json"
     with FakeServingServer("vllm", acceptance=by_category, step_s=0.001, draft_step_s=0.0) as spec, \
-         FakeServingServer("vllm", speculative=False, step_s=0.002) as plain:
+         FakeServingServer("vllm", speculative=False, step_s=0.012) as plain:  # 12 ms a token: far slower
         code = main(["bench-serve", "--engine", "vllm", "--endpoint", spec.url, "--baseline", plain.url,
                      "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")), "--concurrency", "1,2",
                      "--max-tokens", "16", "--json", str(out)])
