@@ -169,3 +169,10 @@ def test_a_mix_with_the_draft_sends_only_the_rows_it_never_trained_on(tmp_path: 
     assert sorted(p.id for p in held) == sorted(split_eval(ids, 0.25)[1]) and "eval_fraction 0.25" in source
     every, source = load_bench_prompts(mix)
     assert len(every) == 40 and "not checked against a training split" in source
+
+
+def test_an_engine_error_is_one_line_naming_the_endpoint_and_the_engines_message() -> None:
+    with FakeServingServer("vllm") as spec:
+        with pytest.raises(EndpointError, match=r"/v1/chat/completions answered 404: The model `wrong` does not exist"):
+            bench_serve(Endpoint("vllm", spec.url + "/v1/", "wrong"), None, prompts(2), concurrencies=[1],
+                        max_tokens=4, source="test")

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from curator import http
 from curator.errors import EndpointError
 from curator.serve_bench.engine_fields import sglang_verify_counts
 
@@ -55,6 +56,10 @@ class Endpoint:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise EndpointError(f"engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        try:
+            object.__setattr__(self, "url", http.base_url(self.url))  # 'http://h:8000/v1/' and 'http://h:8000' alike
+        except ValueError as exc:
+            raise EndpointError(str(exc)) from None
 
 
 async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
@@ -87,10 +92,10 @@ async def timed_request(client: httpx.AsyncClient, endpoint: Endpoint, category:
     last: dict[str, Any] = {}
     usage: dict[str, Any] = {}
     try:
-        async with client.stream("POST", endpoint.url.rstrip("/") + path, json=body) as response:
+        async with client.stream("POST", endpoint.url + path, json=body) as response:
             if response.status_code != 200:
-                text = (await response.aread()).decode("utf-8", "replace")[:200]
-                raise EndpointError(f"{endpoint.url}{path} answered {response.status_code}: {text}")
+                await response.aread()
+                raise EndpointError(f"{endpoint.url}{path} answered {response.status_code}: {http.error_text(response)}")
             async for event in _sse(response):
                 if first is None and _has_output(endpoint.engine, event):
                     first = time.perf_counter()
@@ -118,7 +123,7 @@ def _has_output(engine: str, event: dict[str, Any]) -> bool:
 async def served_model(client: httpx.AsyncClient, url: str) -> str:
     """Return the first model id a vLLM server lists at /v1/models."""
     try:
-        response = await client.get(url.rstrip("/") + "/v1/models")
+        response = await client.get(url + "/v1/models")
         response.raise_for_status()
         return str(response.json()["data"][0]["id"])
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
@@ -128,7 +133,7 @@ async def served_model(client: httpx.AsyncClient, url: str) -> str:
 async def metrics_page(client: httpx.AsyncClient, url: str) -> str:
     """Return the text of a server's Prometheus `/metrics` page."""
     try:
-        response = await client.get(url.rstrip("/") + "/metrics")
+        response = await client.get(url + "/metrics")
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise EndpointError(f"{url}/metrics is unreachable ({exc!r}); vLLM serves it unless metrics are disabled") from None

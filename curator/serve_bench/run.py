@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from curator import http
 from curator.errors import ConfigError
 from curator.serve_bench.client import (
     Endpoint,
@@ -86,7 +87,8 @@ async def run_bench(
         by_category.setdefault(p.category, []).append(p)
     report = ServeBenchReport(source, max_tokens)
     limits = httpx.Limits(max_connections=max(concurrencies) + 2)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits) as client:
+    # no retries: a benchmark that silently re-sent a request would time the retry, not the engine
+    async with httpx.AsyncClient(timeout=http.timeout(timeout_s), limits=limits) as client:
         endpoints = [("draft", draft)] + ([("baseline", baseline)] if baseline is not None else [])
         resolved = []
         for label, ep in endpoints:
