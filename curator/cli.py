@@ -32,6 +32,7 @@ COMMANDS = {
     "sql": "catalog", "catalog": "catalog", "scout": "scout", "hub": "scout", "build-mix": "mix",
     "generate": "generate", "plan": "hidden_states", "hidden-states": "hidden_states", "train": "train",
     "export": "train", "eval": "evaluate", "doctor": "evaluate", "demo": "demo",
+    "bench-serve": "bench_serve",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 

@@ -179,15 +179,35 @@ def test_generation_stops_at_end_of_sequence_inside_an_accepted_draft(target) ->
     assert spec.tokens == expected == greedy_decode(model, ids, 50, {stop}).tokens
 
 
-def test_proposer_returning_short_paths_is_refused(target) -> None:
+@pytest.mark.parametrize("paths", [[[3] * (STEPS + 1)], [[3], []], []])
+def test_proposer_returning_paths_outside_1_to_k_tokens_is_refused(target, paths) -> None:
     model, tokenizer = target
 
-    class Short(Garbage):
+    class Wrong(Garbage):
         def propose(self, tokens, aux, steps, topk):
-            return [[3]]
+            return paths
 
     with pytest.raises(TrainingError, match="lengths"):
-        speculative_decode(model, Short(), [5, 6, 7], steps=STEPS, topk=1, max_new_tokens=8, eos_ids=set())
+        speculative_decode(model, Wrong(), [5, 6, 7], steps=STEPS, topk=1, max_new_tokens=8, eos_ids=set())
+
+
+def test_tree_paths_of_different_lengths_are_verified_each_to_its_own_end(target) -> None:
+    """A tree under a draft-token budget has shorter and longer paths; padding is never accepted."""
+    model, tokenizer = target
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "def return value"}])
+    ref = greedy_decode(model, ids, 40, set()).tokens
+
+    class Ragged(Garbage):
+        def begin(self, prompt_ids):
+            self.n0 = len(prompt_ids)
+
+        def propose(self, tokens, aux, steps, topk):
+            done = tokens.shape[0] - self.n0
+            truth = ref[done : done + steps]
+            return [[truth[0]], [3] * steps]  # right but one token long, beside a wrong full path
+
+    spec = speculative_decode(model, Ragged(), ids, steps=STEPS, topk=2, max_new_tokens=20, eos_ids=set())
+    assert spec.tokens == ref[:20] and set(spec.accepted) == {1}
 
 
 def test_prompt_file_counts_malformed_lines(tmp_path: Path) -> None:
@@ -229,29 +249,83 @@ def write_store(model, tokenizer, root: Path, n: int = 12) -> Path:
     return root
 
 
-def test_offline_estimate_sits_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
-    from training.evaluate import offline_estimate
-
-    model, tokenizer = target
-    store = write_store(model, tokenizer, tmp_path / "store")
-    draft = random_draft(model)
-    offline = offline_estimate(draft, store, tiny_target, STEPS, eval_fraction=0.5)
-    measured = evaluate(model, tokenizer, DraftProposer(draft), prompts[:2], steps=STEPS, max_new_tokens=12)
-    assert offline["samples"] > 0 and len(offline["acc"]) == STEPS
-    # an untrained draft: both say about one token per forward
-    assert 1.0 <= offline["accept_length"] < 1.5 and 1.0 <= measured.overall.acceptance_length < 1.5
-
-
-def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang") -> Path:
-    """A draft checkpoint saved by the trainer's own function and exported for serving."""
+def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang", *, store: Path | None = None,
+                        eval_fraction: float = 0.5, eval_data: Path | None = None) -> Path:
+    """A draft checkpoint saved by the trainer's own function (with the split a run records) and exported."""
     from training.export import export_checkpoint
     from training.checkpoint import save_checkpoint
 
     draft = random_draft(model, seed=2)
     meta = {"step": 1, "draft_config": draft.config.to_dict(), "aux_layer_ids": AUX_IDS,
-            "layer_convention": "sglang-input", "target_dir": str(tiny_target), "ttt_steps": STEPS}
+            "layer_convention": "sglang-input", "target_dir": str(tiny_target), "ttt_steps": STEPS,
+            "store": {"path": str((store or root / "no-store").resolve())},
+            "split": {"eval_fraction": eval_fraction, "eval_data": str(eval_data or ""), "eval_ids": [], "train_samples": 0}}
     ckpt = save_checkpoint(root / "run", draft, meta, None)
     return export_checkpoint(ckpt, root / f"export-{fmt}", fmt)
+
+
+def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
+    from training.evaluate import held_out_split, offline_estimate
+    from training.export import load_draft
+    from training.store import HiddenStateStore
+    from training.batches import split_eval
+
+    model, tokenizer = target
+    store = write_store(model, tokenizer, tmp_path / "store")
+    export = export_random_draft(model, tiny_target, tmp_path, store=store, eval_fraction=0.5)
+    draft = load_draft(export, tiny_target)
+    offline = offline_estimate(draft, store, tiny_target, held_out_split(export), steps=STEPS)
+    held = split_eval(HiddenStateStore.open(store).ids(), 0.5)[1]
+    assert offline["samples"] == len(held) > 0 and "eval_fraction 0.5" in offline["split"]
+    assert offline["simulated"]["samples"] == len(held) and len(offline["teacher_forced"]["acc"]) == STEPS
+    measured = evaluate(model, tokenizer, DraftProposer(draft), prompts[:2], steps=STEPS, max_new_tokens=12)
+    # an untrained draft: all say about one token per forward
+    assert 1.0 <= offline["acceptance_length"] < 1.5 and 1.0 <= measured.overall.acceptance_length < 1.5
+
+
+def test_estimate_on_the_training_store_of_a_run_with_a_separate_held_out_store_is_refused(target, tiny_target: Path, tmp_path: Path) -> None:
+    from training.evaluate import held_out_split
+
+    model, tokenizer = target
+    train_store = write_store(model, tokenizer, tmp_path / "train", n=2)
+    held_store = write_store(model, tokenizer, tmp_path / "held", n=2)
+    export = export_random_draft(model, tiny_target, tmp_path, store=train_store, eval_data=held_store)
+    split = held_out_split(export)
+    with pytest.raises(TrainingError, match="trained on, all of it"):
+        split.held_out(train_store, ["s0", "s1"])
+    assert split.held_out(held_store, ["s1", "s0"])[0] == ["s0", "s1"]
+
+
+def test_a_hash_split_carries_over_to_another_store_by_sample_id(target, tiny_target: Path, tmp_path: Path) -> None:
+    from training.batches import split_eval
+    from training.evaluate import held_out_split
+    from training.store import HiddenStateStore
+
+    model, tokenizer = target
+    store = write_store(model, tokenizer, tmp_path / "store", n=8)
+    export = export_random_draft(model, tiny_target, tmp_path, store=store, eval_fraction=0.5)
+    trained, held = split_eval(HiddenStateStore.open(store).ids(), 0.5)
+    unseen, how = held_out_split(export).held_out(tmp_path / "copy", [*trained, *held])
+    assert sorted(unseen) == sorted(held) and "another store" in how
+
+
+def test_another_store_loses_the_ids_a_separate_held_out_run_trained_on(target, tiny_target: Path, tmp_path: Path) -> None:
+    from training.evaluate import held_out_split
+
+    model, tokenizer = target
+    train_store = write_store(model, tokenizer, tmp_path / "train", n=3)
+    held_store = write_store(model, tokenizer, tmp_path / "held", n=1)
+    export = export_random_draft(model, tiny_target, tmp_path, store=train_store, eval_data=held_store)
+    unseen, how = held_out_split(export).held_out(tmp_path / "other", ["s0", "s2", "new"])
+    assert unseen == ["new"] and "2 sample id(s) that trained left out" in how
+
+
+def test_a_draft_without_checkpoint_provenance_gets_no_offline_estimate(tmp_path: Path) -> None:
+    from training.evaluate import held_out_split
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    with pytest.raises(TrainingError, match="held-out split is unknown"):
+        held_out_split(tmp_path)
 
 
 def write_mix(root: Path, rows: list[dict]) -> Path:
@@ -264,8 +338,8 @@ def test_cli_eval_on_a_mix_reports_categories_and_offline_estimate(target, tiny_
     from curator.cli import main
 
     model, tokenizer = target
-    export = export_random_draft(model, tiny_target, tmp_path)
     store = write_store(model, tokenizer, tmp_path / "store", n=8)
+    export = export_random_draft(model, tiny_target, tmp_path, store=store, eval_fraction=0.5)
     rows = [{"id": f"m{i}", "source": "toy", "category": ["agentic", "code", "chat"][i % 3],
              "messages": [{"role": "user", "content": line}], "turns": "all", "keep_responses": False}
             for i, line in enumerate(toy_corpus(9, seed=11))]
@@ -273,7 +347,7 @@ def test_cli_eval_on_a_mix_reports_categories_and_offline_estimate(target, tiny_
     mix = write_mix(tmp_path / "mix", rows)
     out = tmp_path / "eval.json"
     code = main(["eval", "--model", str(tiny_target), "--draft", str(export), "--prompts", str(mix), "--limit", "6",
-                 "--steps", str(STEPS), "--max-new-tokens", "10", "--data", str(store), "--eval-fraction", "0.5",
+                 "--steps", str(STEPS), "--max-new-tokens", "10", "--data", str(store),
                  "--device", "cpu", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
@@ -281,7 +355,9 @@ def test_cli_eval_on_a_mix_reports_categories_and_offline_estimate(target, tiny_
     assert set(report["categories"]) == {"agentic", "code", "chat"}
     assert 1.0 <= report["acceptance_length"] <= STEPS + 1
     assert len(report["overall"]["per_position"]) == STEPS
-    assert report["offline_estimate"]["accept_length"] >= 1.0
+    offline = report["offline_estimate"]
+    assert offline["acceptance_length"] >= 1.0 and "eval_fraction 0.5" in offline["split"]
+    assert set(offline["simulated"]["categories"]) == {"code"}  # the store's samples are all "code"
     assert all(p["greedy_match"] == "exact" for p in report["per_prompt"])
 
 

@@ -30,5 +30,6 @@ def test_reference_pipeline_runs_at_toy_size(tmp_path: Path) -> None:
     assert [(row["pool"], row["dtype"]) for row in results["curve"]] == [(16, "bf16"), (32, "bf16"), (32, "fp8")]
     for row in results["curve"]:
         assert row["measured_accept_length"] >= 1.0 and row["offline_accept_length"] >= 1.0
+        assert row["simulated_same_prompts"] >= 1.0 and row["simulated_s_per_1k_tokens"] > 0
         assert row["eval_prompts"] == 2
     assert results["generate"]["pool"]["samples"] == 32 and results["hidden_states"]["pool-bf16"]["tokens"] > 0

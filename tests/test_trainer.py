@@ -110,6 +110,10 @@ def test_draft_learns_to_predict_the_target(store_dir: Path, sharp_target: Path,
     assert 1.0 < after["accept_length"] <= 4.0 and len(after["cond_acc"]) == 3
     assert meta["draft_config"]["aux_layer_ids"] == AUX_LAYERS and (tmp_path / "run" / "vocab.json").exists()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 80
+    last_eval = [r for r in read_metrics(tmp_path / "run") if r["split"] == "eval"][-1]
+    # decoding simulated on the held-out split, logged beside the teacher-forced figure
+    assert 1.0 <= last_eval["sim_accept_length"] <= 4.0 and len(last_eval["sim_per_position"]) == 3
+    assert last_eval["sim_categories"]
 
 
 def test_resume_after_interruption_matches_an_uninterrupted_run(store_dir: Path, sharp_target: Path, tmp_path: Path) -> None:

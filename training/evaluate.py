@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from training.draft import Eagle3Draft, KVCache
 from training.errors import ModelMismatchError, TrainingError
+from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens
 
 
 class GreedyMismatchError(TrainingError):
@@ -67,10 +68,15 @@ class DraftProposer:
 
     The cache holds only positions fed with real target states; each round's drafted positions
     are cropped away at the start of the next, once verification has said which tokens stand.
+    A tree (topk > 1) is grown as SGLang grows it (training.simulate.TreeBuilder): beams of topk,
+    each slot attending to the real prefix and its own slot's earlier keys, and the top
+    `num_draft_tokens`-1 nodes by cumulative probability verified (None: steps+1 for a chain,
+    every candidate for a tree).
     """
 
-    def __init__(self, draft: Eagle3Draft) -> None:
+    def __init__(self, draft: Eagle3Draft, num_draft_tokens: int | None = None) -> None:
         self.draft = draft.eval()
+        self.num_draft_tokens = num_draft_tokens
         self.aux_layer_ids: list[int] | None = list(draft.config.aux_layer_ids)
         if len(self.aux_layer_ids) != draft.config.num_aux_layers:
             raise ModelMismatchError(
@@ -96,29 +102,24 @@ class DraftProposer:
         hidden = aux[self.n_real : n - 1].to(device=device, dtype=dtype)[None]  # (1, T, 3Ht)
         out = self.draft(ids, hidden, cache=self.cache)
         self.n_real = n - 1
-        logprobs = out.logits[0, -1].float().log_softmax(-1)  # (draft_vocab,)
-        scores, first = logprobs.topk(max(1, topk))  # the root's children
-        paths = [[int(d)] for d in first.tolist()]
-        scores = scores.tolist()
-        hidden = out.hidden[:, -1:].expand(len(paths), 1, -1)  # (P, 1, H)
-        cache = self._batched(len(paths))
+        builder = TreeBuilder(topk)
+        beams = builder.first(out.logits[:, -1])[0]  # (k,) draft ids
+        hidden = out.hidden[:, -1:].expand(topk, 1, -1)  # (k, 1, H)
+        cache = self._batched(topk)
         for _ in range(steps - 1):
-            last = torch.tensor([p[-1] for p in paths], device=device)[:, None]  # (P, 1) draft ids
-            step = self.draft(self.draft.draft_to_target(last), hidden, cache=cache)
-            step_lp = step.logits[:, -1].float().log_softmax(-1)  # (P, draft_vocab)
-            top_lp, top_ids = step_lp.topk(max(1, topk), dim=-1)  # (P, k)
-            cand = torch.tensor(scores, device=device)[:, None] + top_lp  # cumulative log-prob (P, k)
-            best = cand.flatten().topk(min(max(1, topk), cand.numel())).indices
-            parents, picks = (best // top_ids.shape[1]).tolist(), (best % top_ids.shape[1]).tolist()
-            paths = [paths[p] + [int(top_ids[p, c])] for p, c in zip(parents, picks)]
-            scores = [float(cand[p, c]) for p, c in zip(parents, picks)]
-            hidden = step.hidden[parents, -1:]  # (P, 1, H)
-            cache.k, cache.v = cache.k[parents], cache.v[parents]  # type: ignore[index]
+            step = self.draft(self.draft.draft_to_target(beams)[:, None], hidden, cache=cache)
+            beams, parent_slot = builder.extend(step.logits[:, -1][None])  # (1, k) each
+            beams, parent_slot = beams[0], parent_slot[0]
+            hidden = step.hidden[parent_slot, -1:]  # (k, 1, H): each new beam reads its parent's state
+            # the keys stay with their slot, as in SGLang's draft decode (not reordered by parent)
+        tree = builder.tree()
+        budget = default_draft_tokens(steps, topk, self.num_draft_tokens)
+        paths = tree.paths(tree.selected(budget))
         to_target = self.draft.draft_to_target
         return [to_target(torch.tensor(p, device=device)).tolist() for p in paths]
 
     def _batched(self, n_paths: int) -> KVCache:
-        """Return the cache for drafting: this one for a chain, a per-path copy for a tree."""
+        """Return the cache for drafting: this one for a chain, a per-slot copy for a tree."""
         if n_paths == 1:
             return self.cache
         tree = KVCache()
@@ -232,19 +233,22 @@ def speculative_decode(
         t0 = time.perf_counter()
         paths = proposer.propose(seq, aux, steps, topk)
         result.draft_s += time.perf_counter() - t0
-        if not paths or any(len(p) != steps for p in paths):
-            raise TrainingError(f"the proposer returned paths of lengths {[len(p) for p in paths]}, expected {steps}")
+        if not paths or any(not 1 <= len(p) <= steps for p in paths):
+            raise TrainingError(f"the proposer returned paths of lengths {[len(p) for p in paths]}, expected 1..{steps}")
         n_paths, n = len(paths), seq.shape[0]
+        width = max(len(p) for p in paths)
         t0 = time.perf_counter()
         if n_paths > 1:
             cache.batch_repeat_interleave(n_paths)
-        verify = torch.tensor([[int(seq[-1])] + p for p in paths], device=device)  # (P, K+1)
-        positions = torch.arange(n - 1, n + steps, device=device).expand(n_paths, -1)
+        # a tree's shorter paths are padded: tokens past a path's end are never accepted
+        verify = torch.tensor([[int(seq[-1])] + p + [p[-1]] * (width - len(p)) for p in paths], device=device)
+        lengths = torch.tensor([len(p) for p in paths], device=device)  # (P,)
+        positions = torch.arange(n - 1, n + width, device=device).expand(n_paths, -1)
         out = target(input_ids=verify, position_ids=positions, use_cache=True,
                      output_hidden_states=want_hidden, **{cache_kw: cache})
-        choice = out.logits.argmax(-1)  # (P, K+1): the target's own token after each position
+        choice = out.logits.argmax(-1)  # (P, W+1): the target's own token after each position
         drafted = verify[:, 1:]
-        matches = (drafted == choice[:, :-1]).long().cumprod(-1).sum(-1)  # (P,) accepted prefix lengths
+        matches = (drafted == choice[:, :-1]).long().cumprod(-1).sum(-1).minimum(lengths)  # (P,) accepted prefixes
         best = int(matches.argmax())
         a = int(matches[best])
         if n_paths > 1:
@@ -271,41 +275,6 @@ class PromptRecord:
     forwards: int
     acceptance_length: float
     greedy_match: str  # "exact" | "tie@i" (diverged at a near-tie of the target's logits)
-
-
-@dataclass
-class AcceptanceStats:
-    """Acceptance over many verification forwards: tokens per forward and rate per draft position."""
-
-    steps: int
-    accepted: list[int] = field(default_factory=list)
-
-    def add(self, accepted: Iterable[int]) -> None:
-        self.accepted.extend(accepted)
-
-    @property
-    def forwards(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def acceptance_length(self) -> float:
-        """Return mean tokens per target forward (accepted draft tokens + the target's own)."""
-        return 1.0 + sum(self.accepted) / self.forwards if self.accepted else float("nan")
-
-    def position_rates(self) -> list[dict[str, float]]:
-        """Return per draft position k: P(tokens 1..k accepted) and P(token k | tokens 1..k-1)."""
-        rows = []
-        reached = self.forwards
-        for k in range(1, self.steps + 1):
-            hits = sum(a >= k for a in self.accepted)
-            rows.append({"position": k, "rate": hits / self.forwards if self.forwards else float("nan"),
-                         "conditional": hits / reached if reached else float("nan")})
-            reached = hits
-        return rows
-
-    def to_json(self) -> dict[str, Any]:
-        return {"forwards": self.forwards, "acceptance_length": self.acceptance_length,
-                "per_position": self.position_rates()}
 
 
 @dataclass
@@ -512,14 +481,89 @@ def spread_by_category(prompts: Sequence[EvalPrompt], limit: int | None) -> list
     return picked
 
 
+@dataclass
+class HeldOutSplit:
+    """Which samples the draft never trained on, as its run recorded the split."""
+
+    checkpoint: str
+    train_store: str  # the store the run trained on (resolved path; "" when its checkpoint is gone)
+    eval_store: str  # a separate held-out store (eval_data), or "" when the split is by id hash
+    eval_fraction: float
+
+    def held_out(self, data: str | Path, ids: Sequence[str]) -> tuple[list[str], str]:
+        """Return (ids of store `data` the draft never trained on, how that was decided).
+
+        A hash split holds a sample out by its id alone, so it carries over to any store. A run
+        with a separate held-out store trained on every sample of its training store: that store
+        is refused, and another store loses the ids the training store has.
+        """
+        from training.batches import split_eval
+
+        path = str(Path(data).resolve())
+        if not self.eval_store:
+            held = split_eval(ids, self.eval_fraction)[1]
+            where = "the training store" if path == self.train_store else "another store, by the same id hash"
+            return held, f"held-out split of {where} (eval_fraction {self.eval_fraction}, from the checkpoint)"
+        if path == self.eval_store:
+            return sorted(ids), "the run's separate held-out store (eval_data)"
+        if path == self.train_store:
+            raise TrainingError(
+                f"{data} is the store this draft trained on, all of it (its run held out {self.eval_store}): "
+                f"pass --data {self.eval_store}"
+            )
+        if not self.train_store or not Path(self.train_store).is_dir():
+            raise TrainingError(
+                f"{data} is not the run's held-out store ({self.eval_store}), and its training store "
+                f"{self.train_store or '(unknown)'} is gone: which samples trained cannot be checked"
+            )
+        from training.store import HiddenStateStore
+
+        trained = set(HiddenStateStore.open(self.train_store).ids())
+        unseen = [sid for sid in ids if sid not in trained]
+        return unseen, f"another store; {len(ids) - len(unseen)} sample id(s) that trained left out"
+
+
+def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
+    """Return the held-out split recorded for an export (config.json `curator`: its split and checkpoint).
+
+    The split is never typed again by hand: a wrong --eval-fraction would put trained samples in
+    the estimate.
+    """
+    config_path = Path(draft_dir) / "config.json"
+    try:
+        provenance = json.loads(config_path.read_text(encoding="utf-8")).get("curator") or {}
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise TrainingError(f"{config_path} is unreadable ({exc}); re-export the draft with curator export") from None
+    ckpt = str(provenance.get("checkpoint") or "")
+    try:
+        meta = json.loads((Path(ckpt) / "meta.json").read_text(encoding="utf-8")) if ckpt else {}
+    except (OSError, json.JSONDecodeError):
+        meta = {}
+    split = provenance.get("split") or meta.get("split")
+    if not isinstance(split, dict):  # checkpoints written before the split was recorded on its own
+        cfg = meta.get("train_config")
+        split = {"eval_data": cfg.get("eval_data") or "", "eval_fraction": cfg.get("eval_fraction")} if isinstance(cfg, dict) else None
+    if not split or split.get("eval_fraction") is None:
+        raise TrainingError(
+            f"{draft_dir} records no training split (curator.split, or a readable curator.checkpoint): its "
+            "held-out split is unknown, so --data cannot be estimated without risking trained samples; "
+            "export the draft with curator export"
+        )
+    store = (meta.get("store") or {}).get("path") or ""
+    eval_store = str(Path(split["eval_data"]).resolve()) if split.get("eval_data") else ""
+    return HeldOutSplit(checkpoint=ckpt, train_store=str(store), eval_store=eval_store,
+                        eval_fraction=float(split["eval_fraction"]))
+
+
 def offline_estimate(
-    draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, steps: int,
-    *, eval_fraction: float = 0.05, max_samples: int | None = 512,
+    draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, split: HeldOutSplit, *,
+    steps: int, topk: int = 1, num_draft_tokens: int | None = None, max_samples: int | None = 512,
+    max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Return the teacher-forced estimate on the store's held-out samples (the trainer's own split):
-    acc and cond_acc per draft position and the expected acceptance length of a K-token chain."""
-    from training.batches import split_eval
+    """Return both offline estimates on the store's held-out samples (as the checkpoint split them):
+    the simulated decoding (`simulated`, the figure to trust) and the teacher-forced acc/cond_acc."""
     from training.objective import offline_metrics
+    from training.simulate import simulate_acceptance
     from training.store import HiddenStateStore
     from training.target_head import TargetHead
 
@@ -531,13 +575,17 @@ def offline_estimate(
         raise ModelMismatchError(
             f"store {store_path} holds layers {stored_ids} (inputs of layers), the draft fuses {draft.config.aux_layer_ids}"
         )
-    _, held = split_eval(store.ids(), eval_fraction, max_samples)
+    held, how = split.held_out(store_path, store.ids())
+    held = held[:max_samples] if max_samples is not None else held
     if not held:
-        raise TrainingError(f"store {store_path} has no held-out samples at eval fraction {eval_fraction}")
+        raise TrainingError(f"store {store_path} has no samples this draft did not train on ({how})")
     device = next(draft.parameters()).device
     head = TargetHead.from_pretrained(target_dir, dtype=torch.float32, device=device)
-    metrics = offline_metrics(draft, store, held, steps, head)
-    return {**metrics, "samples": len(held), "eval_fraction": eval_fraction}
+    sim = simulate_acceptance(draft, store, held, steps=steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                              target_head=head, max_new_tokens=max_new_tokens)
+    teacher = offline_metrics(draft, store, held, steps, head)
+    return {"samples": len(held), "split": how, "checkpoint": split.checkpoint,
+            "acceptance_length": sim.acceptance_length, "simulated": sim.to_json(), "teacher_forced": teacher}
 
 
 def _compare(prompt_id: str, spec: list[int], greedy: GreedyResult, tie_margin: float) -> str:

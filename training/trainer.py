@@ -51,6 +51,7 @@ from training.draft import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, StoreError, TrainingError
 from training.objective import N_SUMS, TTTObjective, metric_sums, step_counts, summarize, target_signals
 from training.online import OnlineStates
+from training.simulate import simulated_eval
 from training.store import HiddenStateStore, StoreMeta
 from training.target_config import read_target_config
 from training.tempfiles import remove_stale_checkpoints
@@ -349,6 +350,10 @@ def train(
                            batch_size=cfg.micro_batch_size, max_length=cfg.max_length, autocast=run.use_bf16)
         record = {"split": "eval", "step": at_step, **summarize(all_reduce_sum(sums), cfg.step_weight),
                   "samples": len(run.eval_ids)}
+        # decoding as the engine runs it (a chain of ttt_steps): the figure that predicts serving
+        record.update(simulated_eval(draft, run.eval_store, run.eval_ids, cfg.ttt_steps, rank=rank, world=world,
+                                     reduce=all_reduce_sum, batch_size=cfg.micro_batch_size,
+                                     max_length=cfg.max_length, autocast=run.use_bf16))
         emit(record)
         return record
 

@@ -7,8 +7,11 @@ toolkit's own pipeline on a target trained on the spot.
   3. regeneration of every answer through `curator generate`'s in-process backend (greedy)
   4. hidden states of pool and held-out answers (`training.hidden_states`, bf16; fp8 optionally)
   5. one draft per pool size, all with the same step budget (`training.trainer`)
-  6. per draft: the offline estimate on the held-out states, then `curator eval`'s speculative
-     decoding on held-out prompts (measured acceptance length, output checked against greedy)
+  6. per draft: the offline estimates on the held-out states (simulated decoding, training.simulate,
+     and the teacher-forced one), then `curator eval`'s speculative decoding on held-out prompts
+     (measured acceptance length, output checked against greedy); the simulation is also run on
+     exactly the measured prompts' stored continuations, and its error against the measured figure
+     and its cost (seconds per 1,000 held-out tokens) recorded
 
 Prints a table and one JSON line; `--out FILE` also writes the JSON, after every stage and
 draft (marked "partial" until the end), so a run cut off by a time limit keeps what it finished.
@@ -47,6 +50,7 @@ from training.store import HiddenStateStore  # noqa: E402
 from training.target_head import TargetHead  # noqa: E402
 from training.train_config import TrainConfig  # noqa: E402
 from training.objective import offline_metrics  # noqa: E402
+from training.simulate import simulate_acceptance  # noqa: E402
 from training.trainer import train  # noqa: E402
 
 
@@ -182,6 +186,12 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
             held_store = HiddenStateStore.open(w / f"states-heldout-{dtype}{sfx}")
             offline = offline_metrics(draft.float(), held_store, held_store.ids(), args.eval_steps, head,
                                       max_length=cfg.max_length)
+        with timer(f"simulate-{tag}"):
+            # decoding replayed on the stored greedy continuations, with the measurement's token budget
+            sim_kw = dict(steps=args.eval_steps, max_length=cfg.max_length, max_new_tokens=args.eval_new_tokens)
+            sim = simulate_acceptance(draft.float(), held_store, sorted(held_store.ids()), target_head=head, **sim_kw)
+            same_ids = [f"heldout-{i:06d}" for i in range(len(eval_prompts)) if f"heldout-{i:06d}" in held_store]
+            sim_same = simulate_acceptance(draft.float(), held_store, same_ids, **sim_kw)
         draft = draft.to(torch.bfloat16 if device == "cuda" else torch.float32)
         with timer(f"eval-{tag}"):
             report = evaluate(target, tokenizer, DraftProposer(draft), eval_prompts, steps=args.eval_steps,
@@ -193,6 +203,12 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
             "offline_acc": [round(a, 3) for a in offline["acc"]],
             "measured_accept_length": round(report.overall.acceptance_length, 3),
             "measured_per_position": [round(r["rate"], 3) for r in report.overall.position_rates()],
+            "simulated_accept_length": round(sim.acceptance_length, 3),
+            "simulated_per_position": [round(r["rate"], 3) for r in sim.overall.position_rates()],
+            "simulated_same_prompts": round(sim_same.acceptance_length, 3),
+            "simulated_error": round(sim_same.acceptance_length / report.overall.acceptance_length - 1, 4),
+            "simulated_s_per_1k_tokens": round(sim.seconds_per_1k_tokens(), 4),
+            "greedy_agreement": sim.greedy_agreement,
             "eval_prompts": len(report.prompts), "greedy_ties": report.ties,
         }
         curve.append(row)
@@ -260,10 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args, save)
     results["total_s"] = round(time.perf_counter() - t0, 1)
     results.update(env)
-    print(f"{'pool':>6} {'dtype':>5} {'mode':>5} {'offline AL':>10} {'measured AL':>11}")
+    print(f"{'pool':>6} {'dtype':>5} {'mode':>5} {'teacher-forced':>14} {'simulated':>9} {'same prompts':>12} "
+          f"{'measured AL':>11} {'sim error':>9} {'s/1k tok':>8}")
     for row in results["curve"]:
-        print(f"{row['pool']:>6} {row['dtype']:>5} {row['mode']:>5} {row['offline_accept_length']:>10.3f} "
-              f"{row['measured_accept_length']:>11.3f}")
+        print(f"{row['pool']:>6} {row['dtype']:>5} {row['mode']:>5} {row['offline_accept_length']:>14.3f} "
+              f"{row['simulated_accept_length']:>9.3f} {row['simulated_same_prompts']:>12.3f} "
+              f"{row['measured_accept_length']:>11.3f} {row['simulated_error']:>+9.1%} "
+              f"{row['simulated_s_per_1k_tokens']:>8.3f}")
     line = json.dumps(results)
     print(line)
     if args.out:

@@ -63,11 +63,11 @@ def eval_command(
     draft: Annotated[Path, typer.Option("--draft", help="Exported draft directory (curator export).")],
     prompts: Annotated[Path, typer.Option("--prompts", help="Mix directory (parquet), JSONL {id, category, messages} or a text file (one prompt a line).")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="Draft tokens per round (K).")] = 3,
-    topk: Annotated[int, typer.Option("--topk", min=1, help="1: a chain; >1: a tree of that many paths.")] = 1,
+    topk: Annotated[int, typer.Option("--topk", min=1, help="1: a chain; >1: a tree, grown as SGLang's --speculative-eagle-topk.")] = 1,
+    num_draft_tokens: Annotated[Optional[int], typer.Option("--num-draft-tokens", min=2, help="Tokens verified per round, as SGLang's --speculative-num-draft-tokens (default: steps+1; required for a tree).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="At most this many prompts, spread over categories.")] = None,
-    data: Annotated[Optional[Path], typer.Option("--data", help="Hidden-state store: adds the offline estimate on its held-out samples.")] = None,
-    eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Held-out fraction used in training (for --data).")] = 0.05,
+    data: Annotated[Optional[Path], typer.Option("--data", help="Hidden-state store: adds the offline estimates on the samples the draft never trained on (the split is read from its checkpoint).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the full report here.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
@@ -76,7 +76,8 @@ def eval_command(
     """Measure acceptance length with real speculative decoding (target verifies, output = greedy)."""
     import torch
 
-    from training.evaluate import DraftProposer, evaluate, load_prompt_file, load_target, offline_estimate, spread_by_category
+    from training.evaluate import (DraftProposer, evaluate, held_out_split, load_prompt_file, load_target,
+                                   offline_estimate, spread_by_category)
     from training.export import load_draft
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -85,6 +86,9 @@ def eval_command(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     # bf16 rounds logits of order 10 to ~0.06: batched and one-token forwards may break such ties apart
     tie_margin = tie_margin if tie_margin is not None else (1e-4 if dtype == "float32" else 0.1)
+    if topk > 1 and num_draft_tokens is None:
+        raise ConfigError("--topk > 1 needs --num-draft-tokens: give the server's --speculative-num-draft-tokens")
+    split = held_out_split(draft) if data is not None else None  # refuse before the long decoding
     all_prompts, malformed = mix_prompts(prompts) if prompts.is_dir() else load_prompt_file(prompts)
     chosen = spread_by_category(all_prompts, limit)
     if not chosen:
@@ -95,14 +99,15 @@ def eval_command(
     start = time.perf_counter()
     with progress() as bar:
         task = bar.add_task("speculative decoding", total=len(chosen))
-        report = evaluate(target, tokenizer, DraftProposer(drafter), chosen, steps=steps, topk=topk,
+        report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), chosen, steps=steps, topk=topk,
                           max_new_tokens=max_new_tokens, tie_margin=tie_margin,
                           on_prompt=lambda _: bar.advance(task))
     if malformed:
         report.skipped["malformed rows"] = malformed
-    if data is not None:
-        with console.status("offline estimate on held-out hidden states"):
-            report.offline = offline_estimate(drafter.float(), data, model, steps, eval_fraction=eval_fraction)
+    if data is not None and split is not None:
+        with console.status("offline estimates on held-out hidden states"):
+            report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
+                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens)
     render_eval(report, time.perf_counter() - start)
     if json_out is not None:
         write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **report.to_json()})
@@ -122,16 +127,26 @@ def render_eval(report: Any, wall_s: float) -> None:
         ("target verify forwards", overall.forwards),
         (f"acceptance length (K={report.steps}, topk={report.topk})", overall.acceptance_length),
     ]
-    if report.offline is not None:
-        rows.append((f"offline estimate ({report.offline['samples']} held-out samples)", report.offline["accept_length"]))
+    offline = report.offline or {}
+    sim = offline.get("simulated") or {}
+    teacher = offline.get("teacher_forced") or {}
+    if offline:
+        rows += [(f"offline, simulated decoding ({offline['samples']} held-out samples)", sim.get("acceptance_length")),
+                 ("offline, teacher-forced (overstates)", teacher.get("accept_length"))]
     rows += [("output == greedy", "all prompts" if not report.ties else f"all, {report.ties} near-tie divergence(s)"),
              ("wall time (s)", wall_s)]
     console.print(summary_table("curator eval", rows))
     for reason, count in sorted(report.skipped.items()):
         console.print(f"[yellow]skipped {count}: {reason}[/]")
+    if offline:
+        console.print(f"offline samples: {offline['split']}")
+        agreement = sim.get("greedy_agreement")
+        if agreement is not None and agreement < 0.99:
+            console.print(f"[yellow]only {agreement:.1%} of the stored answer tokens are the target's greedy choice: "
+                          "a sampled continuation; the simulated figure judges the draft against the sampled tokens[/]")
 
-    offline_rows = report.offline or {}
-    cond = offline_rows.get("cond_acc") or []
+    sim_rates = [r["rate"] for r in (sim.get("overall") or {}).get("per_position", [])]
+    cond = teacher.get("cond_acc") or []
     prefix, run = [], 1.0
     for c in cond:
         run *= c
@@ -140,14 +155,27 @@ def render_eval(report: Any, wall_s: float) -> None:
     for r in finite(overall.position_rates()):
         k = r["position"] - 1
         position_rows.append([r["position"], r["rate"], r["conditional"],
-                              prefix[k] if k < len(prefix) else None, cond[k] if k < len(cond) else None])
-    console.print(rows_table(["draft position", "accepted (1..k)", "accepted | 1..k-1",
-                              "offline (1..k)", "offline | 1..k-1"], position_rows, title="acceptance per position"))
-    if len(report.categories) > 1 or "all" not in report.categories:
-        cat_rows = [[name, s.forwards, finite(s.acceptance_length), *[r["rate"] for r in finite(s.position_rates())]]
-                    for name, s in sorted(report.categories.items())]
-        console.print(rows_table(["category", "forwards", "acceptance length",
-                                  *[f"pos {k}" for k in range(1, report.steps + 1)]], cat_rows, title="per category"))
+                              sim_rates[k] if k < len(sim_rates) else None, prefix[k] if k < len(prefix) else None])
+    console.print(rows_table(["draft position", "measured (1..k)", "measured | 1..k-1",
+                              "simulated (1..k)", "teacher-forced (1..k)"], position_rows, title="acceptance per position"))
+    console.print(rows_table(["category", "forwards", "measured", "simulated", "simulated forwards"],
+                             category_rows(report), title="acceptance length per category"))
+
+
+def category_rows(report: Any) -> list[list[Any]]:
+    """Return per category: measured forwards and acceptance length beside the simulated ones."""
+    from training.evaluate import finite
+
+    sim = ((report.offline or {}).get("simulated") or {}).get("categories") or {}
+    names = sorted(set(report.categories) | set(sim))
+    rows = []
+    for name in names:
+        measured = report.categories.get(name)
+        s = sim.get(name) or {}
+        rows.append([name, measured.forwards if measured else 0,
+                     finite(measured.acceptance_length) if measured else None,
+                     finite(s.get("acceptance_length")), s.get("forwards", 0)])
+    return rows
 
 
 def register(app: typer.Typer) -> None:

@@ -68,7 +68,8 @@ def train(
                               f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
         else:
             bar.console.print(f"[bold]eval[/] step {record['step']}: loss {record['loss']:.3f}  "
-                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}")
+                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
+                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
 
     with bar if is_main else nullcontext():
         result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after)
@@ -81,7 +82,8 @@ def train(
     if result.train:
         rows += [("train loss", result.train["loss"]), ("train accept length", result.train["accept_length"])]
     if result.eval:
-        rows += [("eval loss", result.eval["loss"]), ("eval accept length", result.eval["accept_length"])]
+        rows += [("eval loss", result.eval["loss"]), ("eval accept length", result.eval["accept_length"]),
+                 ("eval simulated accept length", result.eval.get("sim_accept_length"))]
     console.print(summary_table("curator train", rows))
     if final:
         console.print(rows_table(["TTT step", "acc", "cond acc"],

@@ -232,7 +232,8 @@ class Demo:
             evals = [r for r in self.report.train_log if r.get("split") == "eval"]
             last = evals[-1] if evals else {}
             return {"steps": self.s.train_steps, "eval acc (step 0)": (last.get("acc") or [None])[0],
-                    "eval accept length": last.get("accept_length")}
+                    "eval accept length": last.get("accept_length"),
+                    "eval simulated accept length": last.get("sim_accept_length")}
 
         self._cli("train", ["train", "--config", str(config_path), "--catalog", str(self.catalog)], figures)
 
@@ -256,7 +257,7 @@ class Demo:
         out = self.w / "eval.json"
         argv = ["eval", "--model", str(self.w / "target"), "--draft", str(self.w / "export"), "--prompts", str(prompts),
                 "--steps", str(self.s.eval_steps), "--max-new-tokens", str(self.s.eval_max_new_tokens),
-                "--data", str(self.w / "states"), "--eval-fraction", "0.1", "--device", "cpu", "--json", str(out)]
+                "--data", str(self.w / "states"), "--device", "cpu", "--json", str(out)]
 
         def figures() -> dict[str, Any]:
             data = json.loads(out.read_text())
@@ -264,13 +265,11 @@ class Demo:
             self.report.acceptance_measured = [r["rate"] for r in data["overall"]["per_position"]]
             agentic = (data.get("categories") or {}).get("agentic") or {}
             self.report.acceptance_agentic = agentic.get("acceptance_length")
-            offline = data.get("offline_estimate") or {}
-            if offline.get("accept_length") is not None:
-                self.report.acceptance_length_estimated = float(offline["accept_length"])
-            prefix = 1.0
-            for cond in offline.get("cond_acc", []):
-                prefix *= float(cond)  # P(draft tokens 1..k all right) = product of conditionals
-                self.report.acceptance_estimated.append(prefix)
+            simulated = (data.get("offline_estimate") or {}).get("simulated") or {}
+            if simulated.get("acceptance_length") is not None:
+                self.report.acceptance_length_estimated = float(simulated["acceptance_length"])
+            self.report.acceptance_estimated = [float(r["rate"]) for r in simulated["overall"]["per_position"]
+                                                if r["rate"] is not None] if simulated else []
             return {"prompts": data["prompts_decoded"], "acceptance length": self.report.acceptance_length,
                     "agentic": self.report.acceptance_agentic, "estimated": self.report.acceptance_length_estimated}
 

@@ -99,7 +99,7 @@ def plots(report: DemoReport) -> dict[str, str]:
             ax.plot(list(xs), report.acceptance_measured, "o-", label="measured (speculative decoding)")
         if report.acceptance_estimated:
             xs = range(1, len(report.acceptance_estimated) + 1)
-            ax.plot(list(xs), report.acceptance_estimated, "s--", label="estimated (held-out states)")
+            ax.plot(list(xs), report.acceptance_estimated, "s--", label="simulated (held-out states)")
         ax.set_xticks(range(1, max(len(report.acceptance_measured), len(report.acceptance_estimated)) + 1))
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted)")
@@ -135,7 +135,7 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         est = report.acceptance_length_estimated
         parts.append(
             f"<p><b>Acceptance length</b> (tokens per target forward): measured {report.acceptance_length:.2f}"
-            + (f", estimated offline {est:.2f}" if est is not None else "")
+            + (f", simulated offline on held-out states {est:.2f}" if est is not None else "")
             + (f"; on the agentic (tool-calling) prompts {report.acceptance_agentic:.2f}"
                if report.acceptance_agentic is not None else "")
             + "</p>"
@@ -177,4 +177,8 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("acceptance length, agentic prompts", f"{report.acceptance_agentic:.2f}"))
     if report.acceptance_length_estimated is not None:
         rows.append(("acceptance length, estimated", f"{report.acceptance_length_estimated:.2f}"))
+    simulated = [r["sim_accept_length"] for r in report.train_log
+                 if r.get("split") == "eval" and r.get("sim_accept_length") is not None]
+    if simulated:
+        rows.append(("acceptance length, simulated in training", " -> ".join(f"{v:.2f}" for v in simulated)))
     return rows
