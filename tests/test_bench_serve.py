@@ -147,17 +147,15 @@ def test_sglang_prompts_are_rendered_with_the_targets_chat_template(tiny_target:
 
 def test_a_mix_with_the_draft_sends_only_the_rows_it_never_trained_on(tmp_path: Path) -> None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from curator.mix.schema import write_tables
     from curator.serve_bench.prompts import load_bench_prompts
     from training.batches import split_eval
 
     mix = tmp_path / "mix"
-    mix.mkdir()
     ids = [f"row-{i}" for i in range(40)]
-    pq.write_table(pa.Table.from_pylist([{"id": i, "source": "t", "category": "code", "turns": "all",
-                                          "messages": [{"role": "user", "content": i}]} for i in ids]),
-                   mix / "part-00000.parquet")
+    write_tables(mix, [pa.Table.from_pylist([{"id": i, "source": "t", "category": "code", "turns": "all",
+                                              "messages": [{"role": "user", "content": i}]} for i in ids])], name="t")
     ckpt = tmp_path / "run" / "checkpoints" / "step-0000001"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"store": {"path": str(tmp_path / "states")},

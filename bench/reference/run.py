@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
 from bench.reference.modes import mismatch_share, text_copy  # noqa: E402
 from bench.reference.target import build_reference_target, code_windows, python_sources, split_sources  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
-from curator.mix.schema import SCHEMA, write_tables  # noqa: E402
+from curator.mix.schema import write_tables  # noqa: E402
 from training import hidden_states  # noqa: E402
 from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
 from training.export import export_checkpoint, load_draft  # noqa: E402
@@ -65,7 +65,7 @@ def write_mix(path: Path, prefix: str, prompts: list[str]) -> Path:
         "turns": ["all"] * len(prompts),
         "keep_responses": [False] * len(prompts),
     })
-    write_tables(path, [table.cast(SCHEMA)], f"reference-{prefix}")
+    write_tables(path, [table], f"reference-{prefix}")
     return path
 
 

@@ -11,6 +11,7 @@ import typer
 
 from curator.doctor import DoctorReport, diagnose
 from curator.errors import ConfigError
+from curator.mix.prompts import mix_prompts
 from curator.ui import console, progress, rows_table, stdout, summary_table
 from training.atomic import write_json
 
@@ -41,21 +42,6 @@ def render_doctor(report: DoctorReport) -> None:
     verdict = "[bold red]not deployable as is[/]" if n_err else "[green]ready to serve[/]"
     console.print(f"{verdict}: {n_err} error(s), {n_warn} warning(s). Launch it with:")
     stdout.print(report.launch_command, highlight=False, markup=False)
-
-
-def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
-    """Return the prompts of a finished mix (each row's first context to answer) and the count of malformed rows."""
-    from curator.mix.schema import BadRow, first_context, open_mix
-    from training.evaluate import EvalPrompt
-
-    prompts, malformed = [], 0
-    for row in open_mix(mix_dir).rows():
-        context = first_context(row) if not isinstance(row, BadRow) else []
-        if not context:
-            malformed += 1
-            continue
-        prompts.append(EvalPrompt(id=row.id, messages=context, category=row.category))
-    return prompts, malformed
 
 
 def eval_command(

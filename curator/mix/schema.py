@@ -341,6 +341,13 @@ class MixWriter:
             part.tmp.unlink(missing_ok=True)
 
 
+def conform(table: pa.Table) -> pa.Table:
+    """Return `table` in SCHEMA: columns and message fields it lacks become nulls."""
+    if table.schema.equals(SCHEMA):
+        return table
+    return pa.Table.from_pylist(table.to_pylist(), schema=SCHEMA)
+
+
 def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> dict[str, Any]:
     """Return the manifest of a mix written from ready tables (one part each), published whole.
 
@@ -352,7 +359,7 @@ def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> 
         writer = MixWriter(out)
         try:
             for table in tables:
-                writer.write_table(table)
+                writer.write_table(conform(table))
             parts = writer.finish()
             manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
                         "columns": list(COLUMNS), "parts": parts}

@@ -33,7 +33,7 @@ def load_bench_prompts(path: Path, *, draft_dir: Path | None = None, tokenizer_d
     from training.evaluate import load_prompt_file, spread_by_category
 
     if path.is_dir():
-        from curator.commands.evaluate import mix_prompts
+        from curator.mix.prompts import mix_prompts
 
         prompts, _ = mix_prompts(path)
         if draft_dir is not None:
