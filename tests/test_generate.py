@@ -205,6 +205,16 @@ def test_output_of_another_model_is_refused(tmp_path: Path) -> None:
             generate(GenerateConfig(mix=mix, out=tmp_path / "out", model="other", endpoints=[other.url]))
 
 
+def test_resume_with_another_temperature_is_refused_but_other_concurrency_is_not(tmp_path: Path) -> None:
+    mix = write_mix(tmp_path / "mix", one_turn_rows(4))
+    with FakeOpenAIServer() as server:
+        generate(config(mix, tmp_path / "out", server, limit=2))
+        with pytest.raises(ConfigError, match="temperature: 0.7 -> 0.0"):
+            generate(config(mix, tmp_path / "out", server, temperature=0.0))
+        stats = generate(config(mix, tmp_path / "out", server, concurrency=3))  # changes nothing answered
+    assert stats.done_total == 4 and stats.already_done == 2
+
+
 def test_startup_check_names_the_wrong_model_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mix = write_mix(tmp_path / "mix", one_turn_rows(2))
     with FakeOpenAIServer(model="served-model") as server:

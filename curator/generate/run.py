@@ -12,6 +12,7 @@ failed), `failed` (every row failed) or `incomplete` (rows still missing: run ag
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -73,6 +74,10 @@ class GenerateConfig(BaseModel):
     max_attempts: int = Field(8, ge=1)
     retry_base_s: float = Field(0.5, ge=0.0)
     request_timeout_s: float = Field(1800.0, gt=0.0)
+
+
+# Settings that change the answers; endpoints, concurrency, retries, timeouts and shard sizes do not.
+OUTPUT_SETTINGS = ("model", "backend", "engine", "tokenizer", "temperature", "top_p", "max_tokens", "extra_body", "seed")
 
 
 @dataclass
@@ -219,6 +224,13 @@ class _Run:
                     f"{self.out} holds generations of {previous['model']!r}, not {self.config.model!r}; "
                     "use another --out (mixing targets would teach the draft two distributions)"
                 )
+            before, now = previous.get("fingerprint") or {}, self.fingerprint()
+            changed = [f"{k}: {before[k]!r} -> {now[k]!r}" for k in now if k in before and before[k] != now[k]]
+            if changed:
+                raise ConfigError(
+                    f"{self.out} was generated with other settings ({'; '.join(changed)}); resuming would mix two "
+                    "sampling distributions in one data set: use another --out, or the same settings"
+                )
         remove_stale_temporaries(self.out)
         scan = scan_shards(self.out)
         self.writer = ShardWriter(self.out, scan.next_index, max_rows=self.config.shard_rows,
@@ -239,6 +251,13 @@ class _Run:
             self.skip |= permanent
         self.todo = len(unique - self.skip)
 
+    def fingerprint(self) -> dict[str, Any]:
+        """Return every setting that changes what the target answers (a resume must keep them all)."""
+        cfg = self.config.model_dump(mode="json")
+        parts = [p.get("sha256") for p in self.mix.manifest.get("parts", []) if isinstance(p, dict)]
+        return {**{k: cfg[k] for k in OUTPUT_SETTINGS if k in cfg},
+                "mix_parts_sha256": hashlib.sha256(json.dumps(parts).encode()).hexdigest()}
+
     def write_meta(self, status: str) -> None:
         """Write generation.json: config, sampling, status and the stats so far."""
         self.stats.status = status
@@ -253,6 +272,7 @@ class _Run:
             "mix": str(Path(self.config.mix).resolve()),
             "sampling": {k: cfg[k] for k in ("temperature", "top_p", "max_tokens", "extra_body")},
             "config": cfg,
+            "fingerprint": self.fingerprint(),
             "started_at": self.started_at,
             "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "stats": self.stats.as_dict(),
