@@ -114,6 +114,31 @@ def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[An
     assert [r.suffix for r in rows] == ["", "#1"]
 
 
+def test_a_record_split_into_rows_resumes_the_rows_a_kill_left_out(target: tuple[Any, Any]) -> None:
+    """Rows of one record land in different shards: a kill can store `q` without `q#1`."""
+    from training.hidden_states import ExtractStats, prepare_samples
+
+    _, tok = target
+    tok2 = type(tok).from_pretrained(tok.name_or_path)
+    tok2.chat_template = (
+        "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' }}"
+        "{% if m['role'] == 'assistant' and m.get('reasoning_content') and loop.last %}"
+        "{{ '<think>' + m['reasoning_content'] + '</think>' }}{% endif %}"
+        "{{ m['content'] + '<|end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    )
+    rec = {"id": "q", "messages": [
+        {"role": "user", "content": "def value", "train": False},
+        {"role": "assistant", "content": "return self", "reasoning_content": "hidden", "train": True},
+        {"role": "user", "content": "print", "train": False},
+        {"role": "assistant", "content": "yield token", "reasoning_content": "think data", "train": True},
+    ]}
+    stats = ExtractStats()
+    left = [s.id for s in prepare_samples([rec], tok2, stats, done={"q"})]
+    assert left == ["q#1"] and stats.already_done == 1
+    assert [s.id for s in prepare_samples([rec], tok2, ExtractStats(), done={"q", "q#1"})] == []
+
+
 def test_malformed_records_are_counted_and_skipped(tmp_path: Path, target: tuple[Any, Any]) -> None:
     model, tok = target
     records = [conversation(0), "{not json", json.dumps({"id": 5}), {"id": "bad", "messages": [{"role": "wizard", "content": "x"}]},

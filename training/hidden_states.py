@@ -201,7 +201,11 @@ def prepare_samples(
         if not owns(sid, rank, world_size):
             stats.other_rank += 1
             continue
-        if sid in done or sid in seen:
+        # A record of one answer is one row under its own id. One of several answers may have
+        # been split into rows `id#k` stored in other shards than `id`'s (batches are grouped by
+        # length), so a killed run can leave some of them: such a record is looked at row by row.
+        answers = sum(1 for m in rec.get("messages") or [] if isinstance(m, dict) and m.get("train"))
+        if sid in seen or (sid in done and answers <= 1):
             stats.already_done += 1
             continue
         seen.add(sid)
@@ -213,6 +217,9 @@ def prepare_samples(
         # One row per generation whose context the template re-renders differently (stored ids
         # are used as they are); the row holding the last answer keeps the record's id.
         for toks in rows:
+            if sid + toks.suffix in done:
+                stats.already_done += 1
+                continue
             if not bool(toks.loss_mask.any()):
                 stats.no_loss_tokens += 1  # max_len cut every answer off: nothing to learn from it
                 continue
