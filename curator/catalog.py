@@ -149,6 +149,38 @@ MIGRATIONS: list[str] = [
         created_at TIMESTAMP
     );
     """,
+    # 3: the database refuses a status outside STATUSES (a typo like 'aproved' would otherwise
+    # drop the row out of every list). DuckDB cannot add a CHECK to a table, so the table is
+    # rebuilt; a row that already holds an unknown status goes back to 'proposed', its old value
+    # kept in the note.
+    """
+    CREATE TABLE candidates_checked (
+        id BIGINT PRIMARY KEY DEFAULT nextval('candidate_id_seq'),
+        run_id VARCHAR,
+        agent VARCHAR,
+        dataset_id VARCHAR NOT NULL,
+        category VARCHAR,
+        relevance DOUBLE,
+        rationale VARCHAR,
+        suggested_samples BIGINT,
+        status VARCHAR NOT NULL DEFAULT 'proposed' CHECK (status IN ('proposed', 'approved', 'rejected')),
+        created_at TIMESTAMP,
+        approved_samples BIGINT,
+        note VARCHAR,
+        reviewed_at TIMESTAMP
+    );
+    INSERT INTO candidates_checked
+    SELECT id, run_id, agent, dataset_id, category, relevance, rationale, suggested_samples,
+           CASE WHEN status IN ('proposed', 'approved', 'rejected') THEN status ELSE 'proposed' END,
+           created_at, approved_samples,
+           CASE WHEN status IN ('proposed', 'approved', 'rejected') THEN note
+                ELSE concat_ws('; ', note, 'status was ' || coalesce('''' || status || '''', 'NULL') || ' before statuses were checked') END,
+           reviewed_at
+    FROM candidates;
+    DROP VIEW IF EXISTS candidate_summary;
+    DROP TABLE candidates;
+    ALTER TABLE candidates_checked RENAME TO candidates;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -10,7 +10,9 @@ import traceback
 
 import click
 import typer
+import typer.main
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from curator.errors import CuratorError
 from curator.ui import console
@@ -26,8 +28,8 @@ _ABORTS = (click.exceptions.Abort, typer.Abort, KeyboardInterrupt)
 DEBUG_ENV = "CURATOR_DEBUG"
 
 # Each command name, and the module under curator/commands/ whose `register(app)` adds it. A run
-# imports only its command's module: `curator sql` must not pay seconds for torch and
-# transformers, which the model-side stages import. `--help` (or an unknown name) imports all.
+# imports only its command's module, when click resolves the name: `curator sql` must not pay
+# seconds for torch and transformers, which the model-side stages import.
 COMMANDS = {
     "sql": "catalog", "catalog": "catalog", "scout": "scout", "hub": "scout", "build-mix": "mix",
     "generate": "generate", "plan": "hidden_states", "hidden-states": "hidden_states", "train": "train",
@@ -36,11 +38,87 @@ COMMANDS = {
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
+# What `curator --help` lists for each command, so that listing them imports none of them (a test
+# checks each line against the command's own docstring). A command missing here is imported to
+# ask it.
+COMMAND_HELP = {
+    "sql": "Run SQL against the catalog (or over parquet files) and print every result.",
+    "catalog": "Review candidate datasets: list, show, approve, reject.",
+    "scout": "Run research agents on the Hub, record their finds in the catalog and propose a recipe.",
+    "hub": "Hub access without the agents: offline snapshots.",
+    "build-mix": "Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota.",
+    "generate": "Regenerate every answer of a mix through the target model; resumes by sample id.",
+    "plan": "Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk.",
+    "hidden-states": "Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store.",
+    "train": "Train an EAGLE-3 draft with training-time test: `curator train --config FILE [key=value ...]`.",
+    "export": "Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering.",
+    "eval": "Measure acceptance length with real speculative decoding (target verifies, output = greedy).",
+    "doctor": "Check a draft export, its fit with the target and data, and a server launch command.",
+    "bench-serve": "Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup.",
+    "demo": "Run scout -> review -> build-mix -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.",
+}
 
-def build_app(argv: list[str] | None = None) -> typer.Typer:
-    """Return the CLI app with the commands `argv` needs registered (every command when unsure)."""
+
+def _plain_metavars(command: click.Command) -> None:
+    """Drop typer's type placeholders where they say nothing: `<bool>` on flags, `<list[str]>`
+    on repeatable options (shown as their item type, `<str>...`); recurse into groups."""
+    ctx = command.context_class(command)
+    for param in [*command.params, command.get_help_option(ctx)]:
+        if param is not None and param.param_type_name == "argument" and param.nargs != 1:
+            # typer reads an argument's type label from the parameter itself, not its metavar
+            label = param.display_type(ctx).replace("list[", "").replace("]", "") + "..."
+            param.display_type_rich = lambda ctx, label=label: label
+        if param is None or getattr(param, "param_type_name", "") != "option":
+            continue
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            param.metavar = ""
+        elif getattr(param, "multiple", False) and param.metavar is None:
+            param.metavar = param.display_type(ctx).replace("list[", "").replace("]", "") + "..."
+    for sub in getattr(command, "commands", {}).values():
+        _plain_metavars(sub)
+
+
+class LazyCommands(TyperGroup):
+    """The root group: lists every command from COMMANDS without importing it, and imports a
+    command's module only when that command runs (or shows its own help)."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(dict.fromkeys([*self.commands, *COMMANDS]))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            if self._listing and cmd_name in COMMAND_HELP:
+                return TyperCommand(name=cmd_name, help=COMMAND_HELP[cmd_name])
+            self.load(COMMANDS[cmd_name])
+        return self.commands.get(cmd_name)
+
+    def load(self, module: str) -> None:
+        """Import `curator.commands.<module>` and add the commands it registers."""
+        holder = typer.Typer()
+        holder.callback()(lambda: None)  # keeps the holder a group even for a single command
+        importlib.import_module(f"curator.commands.{module}").register(holder)
+        for name, command in typer.main.get_command(holder).commands.items():
+            _plain_metavars(command)
+            self.commands.setdefault(name, command)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        help_option = self.get_help_option(ctx)
+        if help_option is not None:
+            help_option.metavar = ""
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+def build_app() -> typer.Typer:
+    """Return the CLI app; a command's module is imported when that command is resolved."""
     app = typer.Typer(
         name="curator",
+        cls=LazyCommands,
         help="Find, curate and regenerate training data for EAGLE-3 draft models; train, export and check them.",
         no_args_is_help=True,
         add_completion=False,
@@ -52,14 +130,11 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
         """Find, curate and regenerate training data for EAGLE-3 draft models; train, export and check them."""
         # A callback keeps the app a group of commands even when one module registers one command.
 
-    name = next((a for a in (argv or []) if not a.startswith("-")), None)
-    for module in [COMMANDS[name]] if name in COMMANDS else COMMAND_MODULES:
-        importlib.import_module(f"curator.commands.{module}").register(app)
     return app
 
 
 def __getattr__(name: str) -> typer.Typer:
-    # `from curator.cli import app`: the whole app, built on first use (tests drive it with CliRunner)
+    # `from curator.cli import app`: the app, built on first use (tests drive it with CliRunner)
     if name == "app":
         return build_app()
     raise AttributeError(name)
@@ -69,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) its status."""
     try:
         args = sys.argv[1:] if argv is None else argv
-        result = build_app(args)(args=args, prog_name="curator", standalone_mode=False)
+        result = build_app()(args=args, prog_name="curator", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except (CuratorError, TrainingError) as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)

@@ -9,6 +9,8 @@ import pytest
 
 from curator.catalog import Catalog
 from curator.cli import main
+from curator.demo.pipeline import QUICK, STATE_FILE, Demo
+from curator.mix.schema import MANIFEST
 from training.store import HiddenStateStore
 
 
@@ -26,7 +28,7 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     assert catalog.query("SELECT count(*) FROM training_runs")[1][0][0] == 1
     assert (work / "proposed-recipe.yaml").is_file()
 
-    manifest = json.loads((work / "mix" / "manifest.json").read_text())
+    manifest = json.loads((work / "mix" / MANIFEST).read_text())
     assert manifest["total"]["kept"] > 50
     assert {s["category"] for s in manifest["sources"]} >= {"agentic", "chat", "code"}
 
@@ -54,3 +56,20 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     names = [s["name"] for s in summary["stages"]]
     assert names == ["scout", "review", "build-mix", "target", "generate", "plan", "hidden-states", "train",
                      "export", "doctor", "doctor (EAGLE)", "eval"]
+    target = next(s for s in summary["stages"] if s["name"] == "target")
+    assert target["figures"]["train steps"] == f"{QUICK.target_steps} of {QUICK.target_steps}"
+    assert "target train steps" in err and "how to read it" in err
+
+    # A second run in the same folder takes up the first: nothing is done twice, nothing recorded twice.
+    counts = "SELECT (SELECT count(*) FROM candidates), (SELECT count(*) FROM mixes), " \
+             "(SELECT count(*) FROM generation_runs), (SELECT count(*) FROM training_runs)"
+    before = catalog.query(counts)[1]
+    assert main(["demo", "--workdir", str(work), "--quick"]) == 0
+    assert "done by an earlier run" in capsys.readouterr().err
+    assert catalog.query(counts)[1] == before
+    assert json.loads((work / "report.json").read_text())["acceptance_length"] == report["acceptance_length"]
+
+    # --fresh removes what the demo made (and only that) before it starts over.
+    (work / "notes.txt").write_text("mine")
+    Demo(work, QUICK, fresh=True)._load_state()
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"] and not (work / STATE_FILE).exists()

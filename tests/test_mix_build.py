@@ -143,8 +143,9 @@ def test_same_recipe_same_bytes_and_another_seed_another_sample(sources, tmp_pat
     recipe = _recipe(sources, chat=20, rows_per_part=15)
     build_mix(load_recipe(recipe), tmp_path / "a")
     build_mix(load_recipe(recipe), tmp_path / "b")
-    files = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and len(files) > 2
+    every_file = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())  # noqa: E731
+    files = every_file(tmp_path / "a")
+    assert files == every_file(tmp_path / "b") and len(files) > 2
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     build_mix(load_recipe(_recipe(sources, seed=7, chat=20, rows_per_part=15)), tmp_path / "c")
@@ -226,7 +227,7 @@ def test_license_allow_list_skips_sources_and_reports_the_shortfall(sources, tmp
 
 def test_token_filter_uses_the_target_tokenizer(sources, tmp_path, tiny_target):
     recipe = recipe_from_dict({"name": "t", "sources": [{"path": str(sources / "code.parquet"), "samples": 40}]})
-    manifest = build_mix(recipe, tmp_path / "out", tokenizer=tiny_target, max_prompt_tokens=45)
+    manifest = build_mix(recipe, tmp_path / "out", tokenizer=tiny_target, max_prompt_tokens=200)
     src = manifest["sources"][0]
     assert src["filtered_reasons"].get("too_long_tokens", 0) >= 1 and src["kept"] + src["filtered"] == 40
     with pytest.raises(ConfigError, match="tokenizer"):

@@ -15,7 +15,8 @@ import typer
 from rich.markup import escape
 
 from curator.catalog import Catalog
-from curator.ui import console, rows_table, stdout, summary_table
+from curator.sql import run_sql
+from curator.ui import compact_table, console, stdout, summary_table
 
 CatalogOption = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb).")
 
@@ -24,32 +25,60 @@ class OutputFormat(str, Enum):
     table = "table"
     csv = "csv"
     json = "json"
+    markdown = "markdown"
 
 
 def sql(
-    statement: str = typer.Argument(..., help="Any SQL: SELECT, UPDATE, or a query over parquet files."),
-    format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table, csv or json."),
+    statement: str = typer.Argument(..., help="SQL: SELECT, UPDATE, a query over parquet files; several separated by ';'."),
+    format: OutputFormat = typer.Option(
+        OutputFormat.table, "--format", "-f",
+        help="table (for reading; long cells cut to the terminal), or csv, json, markdown (whole values, for scripts).",
+    ),
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
-    """Run a SQL statement against the catalog and print its result."""
-    columns, rows = Catalog.open(catalog).query(statement)
-    if not columns:
+    """Run SQL against the catalog (or over parquet files) and print every result."""
+    results = run_sql(statement, catalog)
+    shown = [r for r in results if r.columns]
+    if not shown:
         console.print("[green]ok[/]")
+    if format is OutputFormat.json and len(shown) > 1:
+        sys.stdout.write(json.dumps([_records(r.columns, r.rows) for r in shown], indent=1) + "\n")
         return
-    write_rows(columns, rows, format)
+    for i, result in enumerate(shown):
+        if i:
+            sys.stdout.write("\n")
+        write_rows(result.columns, result.rows, format)
 
 
 def write_rows(columns: list[str], rows: list[tuple[Any, ...]], format: OutputFormat) -> None:
-    """Print query results to stdout as a rich table, CSV or JSON (one array of objects)."""
+    """Print query results to stdout as a compact table, CSV, JSON (one array of objects) or Markdown."""
     if format is OutputFormat.csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
         writer.writerows([[_plain(v) for v in row] for row in rows])
     elif format is OutputFormat.json:
-        sys.stdout.write(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], indent=1) + "\n")
+        sys.stdout.write(json.dumps(_records(columns, rows), indent=1) + "\n")
+    elif format is OutputFormat.markdown:
+        sys.stdout.write(_markdown(columns, rows))
     else:
-        stdout.print(rows_table(columns, rows))
+        stdout.print(compact_table(columns, rows))
         console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}")
+
+
+def _records(columns: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(columns, map(_plain, row))) for row in rows]
+
+
+def _markdown(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """Return a GitHub-flavoured Markdown table (pipes escaped, one line per row)."""
+
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(_plain(value))
+        return " ".join(text.split()).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _plain(value: Any) -> Any:
@@ -76,8 +105,16 @@ def list_candidates(
 ) -> None:
     """List candidates, most relevant first."""
     rows = Catalog.open(catalog).candidates(status=status, limit=limit)
-    columns = ["id", "dataset_id", "category", "relevance", "suggested_samples", "approved_samples", "status", "agent"]
-    stdout.print(rows_table(columns, [[r[c] for c in columns] for r in rows], title="candidates"))
+    columns = ["id", "dataset_id", "category", "relevance", "samples", "status"]  # the agent: `catalog show`
+    table = [[r["id"], r["dataset_id"], r["category"], r["relevance"], _samples(r), r["status"]] for r in rows]
+    stdout.print(compact_table(columns, table, title="candidates", whole=("dataset_id",)))
+
+
+def _samples(row: dict[str, Any]) -> str:
+    """Return the sample count a candidate stands for: the approved one, else the suggested one."""
+    if row["approved_samples"] is not None:
+        return f"{row['approved_samples']:,} approved"
+    return f"{row['suggested_samples']:,}" if row["suggested_samples"] is not None else ""
 
 
 @catalog_app.command("show")
@@ -93,7 +130,7 @@ def show(candidate_id: int = typer.Argument(..., help="Candidate id."), catalog:
         )
     stdout.print(summary_table(f"candidate {candidate_id}", [(k, _plain(v)) for k, v in row.items()]))
     if others:
-        stdout.print(rows_table(columns, others, title=f"other findings of {row['dataset_id']}"))
+        stdout.print(compact_table(columns, others, title=f"other findings of {row['dataset_id']}"))
 
 
 @catalog_app.command("approve")

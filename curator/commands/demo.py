@@ -6,20 +6,17 @@ from pathlib import Path
 
 import typer
 
-from curator.demo.pipeline import DemoSettings, run_demo
-
 
 def demo(
     workdir: Path = typer.Option(Path("curator-demo"), "--workdir", help="Where every stage's output stays."),
     quick: bool = typer.Option(False, "--quick", help="Smaller settings (for tests): fewer rows and steps."),
+    fresh: bool = typer.Option(False, "--fresh", help="Remove what an earlier demo made in --workdir and start over "
+                                                      "(default: skip the stages it finished)."),
 ) -> None:
     """Run scout -> review -> build-mix -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval."""
-    settings = DemoSettings()
-    if quick:
-        settings = DemoSettings(rows_per_source=16, target_train_s=10.0, target_steps=80, gen_max_tokens=32,
-                                train_steps=20, train_batch=4, train_max_length=192, eval_prompts=6,
-                                eval_max_new_tokens=24)
-    run_demo(workdir, settings)
+    from curator.demo.pipeline import QUICK, DemoSettings, run_demo
+
+    run_demo(workdir, QUICK if quick else DemoSettings(), fresh=fresh)
 
 
 def register(app: typer.Typer) -> None:

@@ -89,7 +89,7 @@ def generate_command(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling (server default when unset)."),
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Most tokens per answer."),
     extra_body: Optional[str] = typer.Option(
-        None, "--extra-body", help='JSON merged into each request, e.g. \'{"chat_template_kwargs": {"enable_thinking": true}}\'.'
+        None, "--extra-body", help="JSON object merged into each request body, e.g. the chat template's options (chat_template_kwargs)."
     ),
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Try ids in errors.jsonl again."),
     request_timeout: float = typer.Option(

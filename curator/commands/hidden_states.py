@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from curator.errors import ConfigError
-from curator.ui import console, human_bytes, progress, rows_table, stdout, summary_table
-from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
-from training.hidden_states import ExtractStats, merge_index, store_meta
-from training.layers import check_layer_ids, default_aux_layers
-from training.target_config import read_target_config
-from training.plan import DiskPlan, ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
-from training.store import StoreMeta, claim_store, read_index
+from curator.ui import console, human_bytes, progress, quiet_library_progress, rows_table, stdout, summary_table
+
+if TYPE_CHECKING:  # the model side imports torch: only a command that runs pays for it
+    from training.chat_tokens import GenerationReadStats
+    from training.hidden_states import ExtractStats
+    from training.plan import DiskPlan, ModelShape
+    from training.store import StoreMeta
 
 DEFAULT_SHARED_DIR = "/tmp/curator-hidden-states"
 
@@ -41,6 +41,8 @@ def load_tokenizer(model_dir: Path) -> Any | None:
 
 
 def _remaining(gen_dir: Path, done: set[str], stats: GenerationReadStats | None = None) -> Any:
+    from training.chat_tokens import iter_generation
+
     return (r for r in iter_generation(gen_dir, stats) if r["id"] not in done)
 
 
@@ -94,6 +96,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
 ) -> None:
     """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk."""
+    from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
+    from training.plan import data_lengths, load_shape, make_plan
+
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"--dtype must be bf16 or fp8, not {dtype!r}")
     if data is not None and (samples or avg_tokens):
@@ -114,8 +119,8 @@ def plan(
     if as_json:
         stdout.print_json(json.dumps(plan_json(result)))
         return
-    console.print(summary_table("hidden-state disk plan", plan_rows(result)))
-    console.print(
+    stdout.print(summary_table("hidden-state disk plan", plan_rows(result)))
+    stdout.print(
         rows_table(
             ["max_len", "tokens", f"{aux_layers} aux layers", "aux + final", "saves"],
             [
@@ -130,6 +135,8 @@ def _check_disk(
     shape: ModelShape, tokenizer: Any, data: Path, out: Path, done: set[str], meta: StoreMeta, max_len: Optional[int]
 ) -> int:
     """Raise when the rest of the run will not fit at `out`; return the samples still to capture."""
+    from training.plan import data_lengths, make_plan, refuse_if_it_will_not_fit
+
     with console.status("planning the disk (measuring the remaining samples)"):
         lengths, how, _ = data_lengths(_remaining(data, done), tokenizer)
     if not lengths:
@@ -185,6 +192,12 @@ def hidden_states(
     print_server_command: bool = typer.Option(False, "--print-server-command", help="Print the `vllm serve` command for this target and exit."),
 ) -> None:
     """Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store."""
+    from training.chat_tokens import GenerationReadStats, generation_files
+    from training.hidden_states import store_meta
+    from training.plan import load_shape
+    from training.store import claim_store, read_index
+    from training.target_config import read_target_config
+
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"--dtype must be bf16 or fp8, not {dtype!r}")
     if backend not in ("transformers", "vllm"):
@@ -212,6 +225,7 @@ def hidden_states(
         done = set(stored) | set(skipped)
     total = _check_disk(shape, tokenizer, data, out, done, meta, max_len) if not force else None
     read = GenerationReadStats()
+    quiet_library_progress()
     with progress() as bar:
         task = bar.add_task("hidden states", total=total)
         if backend == "transformers":
@@ -231,6 +245,8 @@ def _run_vllm(
     data: Path, out: Path, meta: StoreMeta, max_len: Optional[int], read: GenerationReadStats, on_sample: Any,
 ) -> ExtractStats:
     from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
+    from training.chat_tokens import iter_generation
+    from training.hidden_states import merge_index
 
     mapping = None
     if path_map:
@@ -257,6 +273,9 @@ def _print_server_command(
     port: int, tensor_parallel: Optional[int],
 ) -> None:
     from curator.hidden_vllm import layer_explanation, server_command
+    from training.layers import check_layer_ids, default_aux_layers
+    from training.plan import load_shape
+    from training.store import StoreMeta
 
     if local is None:
         raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config.json")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 from rich.progress import Progress, TaskID
 
-from curator.catalog import Catalog
 from curator.errors import ConfigError
-from curator.mix.build import SourceReport, build_mix, licenses_from_catalog, recipe_from_catalog
-from curator.mix.recipe import Recipe, load_recipe
+from curator.mix.online import OFFLINE_ENV
 from curator.ui import console, progress, rows_table, stdout, summary_table
+
+if TYPE_CHECKING:  # pyarrow and the normalisers load when the command runs, not for its usage errors
+    from curator.mix.build import SourceReport
+    from curator.mix.recipe import Recipe
 
 SUMMARY_COLUMNS = ("source", "format", "quota", "read", "malformed", "filtered", "duplicates", "kept", "shortfall")
 
@@ -52,8 +55,15 @@ def build_mix_command(
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Target tokenizer folder, for --max-prompt-tokens."),
     max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", help="Drop prompts longer than this (target tokens)."),
+    offline: bool = typer.Option(False, "--offline", help="No network: read Hub sources from the local datasets cache (HF_HUB_OFFLINE=1)."),
 ) -> None:
     """Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota."""
+    from curator.catalog import Catalog
+    from curator.mix.build import build_mix, licenses_from_catalog, recipe_from_catalog
+    from curator.mix.recipe import load_recipe
+
+    if offline:
+        os.environ[OFFLINE_ENV] = "1"  # before the datasets library is imported, which reads it once
     if (recipe is None) == (not from_catalog):
         raise ConfigError("give exactly one of --recipe FILE or --from-catalog")
     if target_samples is not None and not from_catalog:

@@ -6,7 +6,7 @@ import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -15,13 +15,27 @@ from rich.progress import TextColumn
 from curator.errors import CatalogError, ConfigError
 from curator.ui import console, progress, rows_table, summary_table
 from training.errors import TrainingError
-from training.export import FORMATS, export_checkpoint, is_hub_id
 from training.train_config import TrainConfig, load_run_config
-from training.trainer import TrainResult, train as run_training
+
+if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a usage error
+    from training.trainer import TrainResult
 
 
 def _fmt_acc(values: list[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
+
+
+def loss_text(record: dict[str, Any]) -> str:
+    """Return the loss as a reader should take it: the KL to the target where the record holds
+    the target's entropy, else the cross-entropy, named so (its floor is that entropy, not 0)."""
+    if record.get("target_entropy") is not None:
+        return f"KL {record['loss'] - record['target_entropy']:.3f}"
+    return f"CE {record['loss']:.3f}"
+
+
+LOSS_NOTE = ("CE: soft cross-entropy against the target's distribution on the draft vocabulary, summed over TTT "
+             "steps with weights 0.8^k. It includes the target's own entropy, so it levels off above 0: "
+             "read the accuracies and the accept length for progress.")
 
 
 def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> None:
@@ -57,6 +71,8 @@ def train(
         cfg = load_run_config(config, overrides or [])
     except TrainingError as exc:
         raise ConfigError(f"{config or 'options'}: {exc}") from exc
+    from training.trainer import train as run_training
+
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar = progress(TextColumn("{task.fields[status]}"))
     task = bar.add_task("train", total=None, status="")
@@ -64,10 +80,10 @@ def train(
     def show(record: dict[str, Any]) -> None:
         if record["split"] == "train":
             bar.update(task, completed=record["step"], total=record["total_steps"],
-                       status=f"loss {record['loss']:.3f}  acc {_fmt_acc(record['acc'][:3])}  "
+                       status=f"{loss_text(record)}  acc {_fmt_acc(record['acc'][:3])}  "
                               f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
         else:
-            bar.console.print(f"[bold]eval[/] step {record['step']}: loss {record['loss']:.3f}  "
+            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
                               f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
                               f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
 
@@ -80,11 +96,13 @@ def train(
                                    ("checkpoint", str(result.checkpoint)),
                                    ("draft vocab coverage", f"{100 * result.vocab.get('coverage', 0):.2f}%")]
     if result.train:
-        rows += [("train loss", result.train["loss"]), ("train accept length", result.train["accept_length"])]
+        rows += [("train loss", loss_text(result.train)), ("train accept length", result.train["accept_length"])]
     if result.eval:
-        rows += [("eval loss", result.eval["loss"]), ("eval accept length", result.eval["accept_length"]),
+        rows += [("eval loss", loss_text(result.eval)), ("eval accept length", result.eval["accept_length"]),
                  ("eval simulated accept length", result.eval.get("sim_accept_length"))]
     console.print(summary_table("curator train", rows))
+    if not (result.eval or result.train or {}).get("target_entropy"):
+        console.print(f"[dim]{LOSS_NOTE}[/]", highlight=False)
     if final:
         console.print(rows_table(["TTT step", "acc", "cond acc"],
                                  [(k, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
@@ -102,6 +120,8 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
+    from training.export import FORMATS, export_checkpoint, is_hub_id
+
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
     path = export_checkpoint(checkpoint, out, fmt=format, verifier=verifier, target_dir=target)

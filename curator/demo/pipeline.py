@@ -1,26 +1,35 @@
 """`curator demo`: every stage of the pipeline, for real, on a tiny target made on the spot.
 
-Each stage runs the same `curator ...` command a user would type (printed before it runs), in
-this process, against files in one workdir. Nothing is mocked: the scout uses the rules
-planner on the bundled snapshot of real Hub metadata, the mix is built from demo files in each
-supported row format, the target is a small Llama trained here for a minute, and its answers,
-hidden states, draft, export, checks and measured acceptance all come from the real code.
+Each stage calls the same library functions as its `curator ...` command (the command is
+printed before the stage runs, so a user can repeat it), against files in one workdir. Nothing
+is mocked: the scout uses the rules planner on the bundled snapshot of real Hub metadata, the
+mix is built from demo files in each supported row format, the target is a small Llama trained
+here for a fixed number of steps, and its answers, hidden states, draft, export, checks and
+measured acceptance all come from the real code.
+
+What the demo learns does not depend on how busy the machine is: every stage runs a fixed
+amount of work from fixed seeds. A run records each finished stage in `demo-state.json`; a
+second run in the same workdir skips those and redoes only the rest (so the catalog never gets
+a stage's rows twice), and `--fresh` removes what the demo made and starts over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
+import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from curator.catalog import Catalog
+from curator.cpu import set_torch_threads
 from curator.demo.corpus import (
     add_tool_tokens,
     demo_conversations,
@@ -29,22 +38,36 @@ from curator.demo.corpus import (
     write_heldout_prompts,
 )
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
-from curator.errors import CuratorError
-from curator.mix.schema import read_manifest
-from curator.ui import console, summary_table
-from training.toy_target import build_target, chat_token_batches, train_causal_lm
+from curator.errors import ConfigError, CuratorError
+from curator.ui import console, quiet_library_progress, summary_table
+from training.atomic import write_json
+
+STATE_FILE = "demo-state.json"
+# What each stage writes in the workdir (glob patterns): removed before the stage (re)runs, and by --fresh.
+OUTPUTS = {
+    "scout": ("catalog.duckdb*", "proposed-recipe.yaml"),  # the catalog and the files kept beside it
+    "build-mix": ("sources", "mix", "demo-recipe.yaml"),
+    "target": ("target",),
+    "generate": ("gen",),
+    "hidden-states": ("states",),
+    "train": ("run", "train.yaml"),
+    "export": ("export",),
+    "eval": ("heldout.jsonl", "eval.json"),
+    "report": ("report.html", "report.json", STATE_FILE),
+}
+# A regenerated answer whose most common token is at least this share of it is one token repeated.
+REPEATED_TOKEN_SHARE = 0.5
 
 
 @dataclass
 class DemoSettings:
-    """Sizes of the demo; the defaults finish in a few minutes on 2 CPU cores."""
+    """Sizes of the demo; the defaults finish in about 2.5 minutes on 2 idle CPU cores."""
 
     rows_per_source: int = 48
     target_hidden: int = 128
     target_layers: int = 4
     target_vocab: int = 1024
-    target_train_s: float = 45.0
-    target_steps: int = 400
+    target_steps: int = 200
     gen_max_tokens: int = 64
     train_steps: int = 150
     train_batch: int = 16
@@ -56,49 +79,104 @@ class DemoSettings:
     seed: int = 0
 
 
+QUICK = DemoSettings(rows_per_source=16, target_steps=80, gen_max_tokens=32, train_steps=20, train_batch=4,
+                     train_max_length=192, eval_prompts=6, eval_max_new_tokens=24)
+
+
 def _cmd(argv: list[str]) -> str:
     return "curator " + " ".join(shlex.quote(a) for a in argv)
+
+
+def repeated_token_share(token_ids: list[int]) -> float:
+    """Return the share of `token_ids` taken by its most common token (0 for an empty answer)."""
+    if not token_ids:
+        return 0.0
+    return Counter(token_ids).most_common(1)[0][1] / len(token_ids)
 
 
 class Demo:
     """One demo run in a workdir; `run()` executes the stages in order and returns the report."""
 
-    def __init__(self, workdir: str | Path, settings: DemoSettings | None = None) -> None:
+    def __init__(self, workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False) -> None:
         self.w = Path(workdir).resolve()
         self.s = settings or DemoSettings()
+        self.fresh = fresh
         self.report = DemoReport(workdir=self.w)
         self.catalog = self.w / "catalog.duckdb"
+        self.done: dict[str, dict[str, Any]] = {}  # stage -> its StageResult, from demo-state.json
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _load_state(self) -> None:
+        """Remove the old run's outputs (--fresh), or take up the stages it finished."""
+        state_path = self.w / STATE_FILE
+        if self.fresh:
+            for names in OUTPUTS.values():
+                self._remove(names)
+            return
+        if not state_path.exists():
+            return
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        if state.get("settings") != asdict(self.s):
+            raise ConfigError(f"{self.w} holds a demo run made with other settings (--quick or not); "
+                              "pass --fresh to start over there, or choose another --workdir")
+        self.done = {s["name"]: s for s in state.get("stages", [])}
+        for key, value in state.get("report", {}).items():
+            setattr(self.report, key, value)
+
+    def _save_state(self) -> None:
+        r = self.report
+        write_json(self.w / STATE_FILE, {
+            "settings": asdict(self.s),
+            "stages": [asdict(s) for s in r.stages],
+            "report": {"mix_counts": r.mix_counts, "train_log": r.train_log, "warnings": r.warnings,
+                       "acceptance_measured": r.acceptance_measured, "acceptance_estimated": r.acceptance_estimated,
+                       "acceptance_length": r.acceptance_length,
+                       "acceptance_length_estimated": r.acceptance_length_estimated,
+                       "acceptance_agentic": r.acceptance_agentic},
+        }, indent=1, default=str)
+
+    def _remove(self, patterns: tuple[str, ...]) -> None:
+        for pattern in patterns:
+            for path in self.w.glob(pattern):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _cli(self, stage: str, argv: list[str], figures: Callable[[], dict[str, Any]], expect_fail: bool = False) -> None:
-        """Run one `curator` command as a stage; record its figures and command."""
-        from curator.cli import main
-
-        command = _cmd(argv)
+    def _stage(self, stage: str, command: str, fn: Callable[[], dict[str, Any]]) -> None:
+        """Run one stage (or take its figures from the earlier run that finished it); record them."""
         console.rule(f"[bold]{stage}")
-        console.print(f"[dim]$ {command}[/]", highlight=False)
-        start = time.perf_counter()
-        code = main(argv)
-        seconds = time.perf_counter() - start
-        if (code != 0) != expect_fail:
-            raise CuratorError(f"demo stage {stage!r} {'passed' if expect_fail else 'failed'} unexpectedly (exit {code}): {command}")
-        self.report.stages.append(StageResult(stage, seconds, figures(), command))
-
-    def _step(self, stage: str, description: str, fn: Callable[[], dict[str, Any]]) -> None:
-        """Run one stage that is demo set-up rather than a CLI command."""
-        console.rule(f"[bold]{stage}")
-        console.print(f"[dim]# {description}[/]", highlight=False)
+        console.print(f"[dim]$ {command}[/]" if command.startswith("curator ") else f"[dim]# {command}[/]",
+                      highlight=False)
+        if stage in self.done:
+            self.report.stages.append(StageResult(**self.done[stage]))
+            console.print("[dim]done by an earlier run in this workdir (--fresh starts over)[/]")
+            return
+        self._remove(OUTPUTS.get(stage, ()))
         start = time.perf_counter()
         figures = fn()
-        self.report.stages.append(StageResult(stage, time.perf_counter() - start, figures, f"(demo: {description})"))
+        self.report.stages.append(StageResult(stage, time.perf_counter() - start, figures, command))
+        if figures:
+            console.print(summary_table(stage, list(figures.items())))
+        self._save_state()
+
+    def warn(self, message: str) -> None:
+        """Print a warning now and keep it for the report."""
+        console.print(f"[bold yellow]warning:[/] {message}", highlight=False)
+        self.report.warnings.append(message)
 
     # -- stages ----------------------------------------------------------------------------
 
     def run(self) -> DemoReport:
         """Run every stage; return the report (also written to report.html and report.json)."""
         self.w.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(self.s.seed)
+        self._load_state()
+        quiet_library_progress()
+        threads = set_torch_threads()
+        console.print(f"[dim]torch uses {threads} thread(s): the CPUs this process may run on[/]", highlight=False)
         self.scout()
         self.approve()
         self.build_mix()
@@ -114,49 +192,80 @@ class Demo:
         return self.report
 
     def scout(self) -> None:
-        argv = ["scout", "--planner", "rules", "--hub", "bundled", "--agents", "10", "--no-live",
-                "--catalog", str(self.catalog), "--recipe-out", str(self.w / "proposed-recipe.yaml")]
+        from curator.hub import open_hub
+        from curator.scout.briefs import categories, load_briefs, take
+        from curator.scout.orchestrator import ScoutConfig, ScoutRun
+        from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
 
-        def figures() -> dict[str, Any]:
+        recipe_out = self.w / "proposed-recipe.yaml"
+        argv = ["scout", "--planner", "rules", "--hub", "bundled", "--agents", "10", "--no-live",
+                "--catalog", str(self.catalog), "--recipe-out", str(recipe_out)]
+
+        def fn() -> dict[str, Any]:
+            briefs = load_briefs(None)
+            hub = open_hub("bundled")
             cat = Catalog.open(self.catalog)
+            config = ScoutConfig(planner="rules", live=False)
+            run = ScoutRun(cat, hub, take(briefs, 10), config, None, categories(briefs))
+
+            async def go() -> None:
+                try:
+                    await run.run()
+                finally:
+                    await hub.aclose()
+
+            asyncio.run(go())
+            write_proposal(propose_mix(merge_candidates(cat, run.run_id), briefs, config.goal, config.target_samples,
+                                       run_id=run.run_id), recipe_out)
             _, rows = cat.query("SELECT count(*), count(DISTINCT dataset_id) FROM candidates")
             return {"candidates": rows[0][0], "datasets": rows[0][1]}
 
-        self._cli("scout", argv, figures)
+        self._stage("scout", _cmd(argv), fn)
 
     def approve(self) -> None:
+        from curator.sql import run_sql
+
         sql = (
             "UPDATE candidates SET status = 'approved' WHERE id IN (SELECT id FROM candidates "
             f"QUALIFY row_number() OVER (PARTITION BY dataset_id ORDER BY relevance DESC) = 1 "
             f"ORDER BY relevance DESC LIMIT {int(self.s.approve_top)})"
         )
 
-        def figures() -> dict[str, Any]:
+        def fn() -> dict[str, Any]:
+            run_sql(sql, self.catalog)
             return {"approved datasets": len(Catalog.open(self.catalog).approved_candidates())}
 
-        self._cli("review", ["sql", sql, "--catalog", str(self.catalog)], figures)
+        self._stage("review", _cmd(["sql", sql, "--catalog", str(self.catalog)]), fn)
 
     def build_mix(self) -> None:
-        sources = write_demo_sources(self.w / "sources", seed=self.s.seed, rows_per_source=self.s.rows_per_source)
-        # The approved datasets cannot be downloaded offline; the demo files stand in for them,
-        # one per row format, so the same normalisers run as on the real data.
-        categories = {"sharegpt": "chat", "messages": "chat", "alpaca": "debugging", "magicoder": "code",
-                      "swe-agent": "agentic", "glaive": "agentic", "xlam": "agentic", "tools": "agentic", "openthoughts": "reasoning"}
-        recipe = {
-            "name": "demo-mix",
-            "seed": self.s.seed,
-            "sources": [
-                {"path": str(path), "name": f"demo-{fmt}", "format": "auto", "samples": self.s.rows_per_source,
-                 "category": categories[fmt]}
-                for fmt, path in sources.items()
-            ],
-            "dedup": {"exact": True, "near": 0.9},
-        }
-        recipe_path = self.w / "demo-recipe.yaml"
-        recipe_path.write_text("# DEMO recipe: local demo files stand in for the approved Hub datasets.\n" + yaml.safe_dump(recipe, sort_keys=False))
+        from curator.mix.build import build_mix
+        from curator.mix.recipe import load_recipe
 
-        def figures() -> dict[str, Any]:
-            manifest = read_manifest(self.w / "mix")
+        recipe_path = self.w / "demo-recipe.yaml"
+        mix_dir = self.w / "mix"
+
+        def fn() -> dict[str, Any]:
+            sources = write_demo_sources(self.w / "sources", seed=self.s.seed, rows_per_source=self.s.rows_per_source)
+            # The approved datasets cannot be downloaded offline; the demo files stand in for them,
+            # one per row format, so the same normalisers run as on the real data.
+            categories = {"sharegpt": "chat", "messages": "chat", "alpaca": "debugging", "magicoder": "code",
+                          "swe-agent": "agentic", "glaive": "agentic", "xlam": "agentic", "tools": "agentic",
+                          "openthoughts": "reasoning"}
+            recipe = {
+                "name": "demo-mix",
+                "seed": self.s.seed,
+                "sources": [
+                    {"path": str(path), "name": f"demo-{fmt}", "format": "auto", "samples": self.s.rows_per_source,
+                     "category": categories[fmt]}
+                    for fmt, path in sources.items()
+                ],
+                "dedup": {"exact": True, "near": 0.9},
+            }
+            recipe_path.write_text("# DEMO recipe: local demo files stand in for the approved Hub datasets.\n"
+                                   + yaml.safe_dump(recipe, sort_keys=False))
+            mix_recipe = load_recipe(recipe_path)
+            manifest = build_mix(mix_recipe, mix_dir)
+            Catalog.open(self.catalog).record_mix(mix_recipe.name, mix_dir, mix_recipe.model_dump(mode="json"), manifest)
             counts: dict[str, int] = {}
             for source in manifest["sources"]:
                 counts[source["category"]] = counts.get(source["category"], 0) + source["kept"]
@@ -164,11 +273,13 @@ class Demo:
             total = manifest["total"]
             return {"prompts": total["kept"], "duplicates": total["duplicates"], "malformed": total["malformed"]}
 
-        self._cli("build-mix", ["build-mix", "--recipe", str(recipe_path), "--out", str(self.w / "mix"),
-                                "--catalog", str(self.catalog)], figures)
+        self._stage("build-mix", _cmd(["build-mix", "--recipe", str(recipe_path), "--out", str(mix_dir),
+                                       "--catalog", str(self.catalog)]), fn)
 
     def make_target(self) -> None:
         def fn() -> dict[str, Any]:
+            from training.toy_target import build_target, chat_token_batches, save_target, train_causal_lm
+
             model, tokenizer = build_target(
                 demo_texts(self.s.seed), self.w / "target", vocab_size=self.s.target_vocab, seed=self.s.seed,
                 hidden_size=self.s.target_hidden, num_layers=self.s.target_layers,
@@ -176,70 +287,126 @@ class Demo:
             )
             add_tool_tokens(model, tokenizer)  # tool calls in the target's own special tokens
             rows = chat_token_batches(tokenizer, demo_conversations(self.s.seed), seq_len=256)
-            losses = train_causal_lm(model, rows, steps=self.s.target_steps, batch_size=16, lr=3e-3,
-                                     seed=self.s.seed, time_budget_s=self.s.target_train_s)
-            from training.toy_target import save_target
-
+            losses = train_causal_lm(model, rows, steps=self.s.target_steps, batch_size=16, lr=3e-3, seed=self.s.seed)
             save_target(model, tokenizer, self.w / "target")
+            first, last = sum(losses[:10]) / len(losses[:10]), sum(losses[-10:]) / len(losses[-10:])
+            if last > 0.7 * first:
+                self.warn(f"the target's loss only went from {first:.2f} to {last:.2f} in {len(losses)} steps: "
+                          "it has learned little, and the draft will only learn to copy its mistakes")
             return {"params": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer),
-                    "train steps": len(losses), "loss": round(sum(losses[-10:]) / len(losses[-10:]), 3)}
+                    "train steps": f"{len(losses)} of {self.s.target_steps}", "loss": round(last, 3)}
 
-        self._step("target", "train a BPE tokenizer and a small Llama on the demo text (not random: it learns the demo's structure)", fn)
+        self._stage("target", "train a BPE tokenizer and a small Llama on the demo text for a fixed number of "
+                              "steps (not random: it learns the demo's structure)", fn)
 
     def generate(self) -> None:
-        argv = ["generate", "--backend", "transformers", "--model", str(self.w / "target"), "--mix", str(self.w / "mix"),
-                "--out", str(self.w / "gen"), "--temperature", "0", "--max-tokens", str(self.s.gen_max_tokens),
+        from curator.generate.run import GenerateConfig, generate
+
+        out = self.w / "gen"
+        config = GenerateConfig(mix=self.w / "mix", out=out, model=str(self.w / "target"), backend="transformers",
+                                temperature=0.0, max_tokens=self.s.gen_max_tokens, batch_size=64, seed=self.s.seed)
+        argv = ["generate", "--backend", "transformers", "--model", config.model, "--mix", str(config.mix),
+                "--out", str(out), "--temperature", "0", "--max-tokens", str(self.s.gen_max_tokens),
                 "--batch-size", "64", "--catalog", str(self.catalog)]
 
-        def figures() -> dict[str, Any]:
-            meta = json.loads((self.w / "gen" / "generation.json").read_text())
-            stats = meta.get("stats", meta)
-            return {"samples": stats["done_total"], "errors": stats["errors_total"],
-                    "output tokens": stats["completion_tokens"], "output tok/s": stats["output_tokens_per_s"]}
+        def fn() -> dict[str, Any]:
+            stats = generate(config)
+            Catalog.open(self.catalog).record_generation_run(stats.run_id, str(config.mix), str(out), config.model,
+                                                             stats.endpoints, stats.as_dict())
+            repeated = self._check_answers(out)
+            return {"samples": stats.done_total, "errors": stats.errors_total, "output tokens": stats.completion_tokens,
+                    "output tok/s": stats.output_tokens_per_s, "answers one token repeated": repeated}
 
-        self._cli("generate", argv, figures)
+        self._stage("generate", _cmd(argv), fn)
+
+    def _check_answers(self, gen_dir: Path) -> str:
+        """Warn when most regenerated answers are one token repeated; return "n of N"."""
+        from transformers import AutoTokenizer
+
+        from training.chat_tokens import iter_generation
+
+        tokenizer = AutoTokenizer.from_pretrained(self.w / "target")
+        answers = [m.get("content") or "" for rec in iter_generation(gen_dir) for m in rec["messages"]
+                   if m.get("role") == "assistant"]
+        repeated = sum(repeated_token_share(tokenizer.encode(a, add_special_tokens=False)) >= REPEATED_TOKEN_SHARE
+                       for a in answers)
+        if answers and repeated > len(answers) / 2:
+            self.warn(f"{repeated} of {len(answers)} regenerated answers are mostly one token repeated: the target "
+                      "learned little, so the draft's acceptance will only measure how well it predicts that token")
+        return f"{repeated} of {len(answers)}"
 
     def plan(self) -> None:
         argv = ["plan", "--model", str(self.w / "target"), "--data", str(self.w / "gen"), "--out", str(self.w)]
-        self._cli("plan", argv, lambda: {})
+
+        def fn() -> dict[str, Any]:
+            from training.chat_tokens import iter_generation
+            from training.plan import data_lengths, load_shape, make_plan
+            from transformers import AutoTokenizer
+
+            lengths, how, _ = data_lengths(iter_generation(self.w / "gen"),
+                                           AutoTokenizer.from_pretrained(self.w / "target"))
+            plan = make_plan(load_shape(str(self.w / "target")), lengths=lengths, dtype="bf16", out_dir=self.w,
+                             lengths_from=how)
+            return {"samples": plan.samples, "bytes/token (store)": plan.store_bytes_per_token,
+                    "store bytes": plan.chosen.store_bytes}
+
+        self._stage("plan", _cmd(argv), fn)
 
     def hidden_states(self) -> None:
-        argv = ["hidden-states", "--model", str(self.w / "target"), "--data", str(self.w / "gen"), "--out", str(self.w / "states")]
+        argv = ["hidden-states", "--model", str(self.w / "target"), "--data", str(self.w / "gen"),
+                "--out", str(self.w / "states")]
 
-        def figures() -> dict[str, Any]:
+        def fn() -> dict[str, Any]:
+            from training.hidden_states import run
             from training.store import HiddenStateStore
 
+            run(self.w / "target", self.w / "gen", self.w / "states")
             store = HiddenStateStore.open(self.w / "states")
             return {"samples": len(store), "tokens": store.total_tokens(), "bytes": store.disk_bytes(),
                     "layers": store.meta.aux_layer_ids}
 
-        self._cli("hidden-states", argv, figures)
+        self._stage("hidden-states", _cmd(argv), fn)
 
     def train(self) -> None:
         config = {
             "data": str(self.w / "states"), "target": str(self.w / "target"), "out": str(self.w / "run"),
             "draft_vocab_size": 32000, "ttt_steps": 4, "lr": 3e-3, "warmup_ratio": 0.05,
             "global_batch_size": self.s.train_batch, "micro_batch_size": self.s.train_batch,
-            "max_steps": self.s.train_steps, "max_length": self.s.train_max_length, "log_every": 10, "eval_every": 50, "eval_fraction": 0.1, "seed": self.s.seed,
-            "device": "cpu",
+            "max_steps": self.s.train_steps, "max_length": self.s.train_max_length, "log_every": 10,
+            "eval_every": 50, "eval_fraction": 0.1, "seed": self.s.seed, "device": "cpu",
         }
         config_path = self.w / "train.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-        def figures() -> dict[str, Any]:
+        def fn() -> dict[str, Any]:
+            from training.train_config import load_run_config
+            from training.trainer import train
+
+            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+            cfg = load_run_config(config_path)
+            result = train(cfg)
+            with Catalog.open(self.catalog) as cat:
+                cat.record_training_run(result.run_dir.name, result.run_dir, cfg.to_dict(),
+                                        {"train": result.train, "eval": result.eval, "vocab": result.vocab,
+                                         "checkpoint": str(result.checkpoint), "step": result.step})
             metrics = self.w / "run" / "metrics.jsonl"
             self.report.train_log = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-            evals = [r for r in self.report.train_log if r.get("split") == "eval"]
-            last = evals[-1] if evals else {}
-            return {"steps": self.s.train_steps, "eval acc (step 0)": (last.get("acc") or [None])[0],
+            last = result.eval or {}
+            return {"steps": f"{result.step} of {self.s.train_steps}", "eval acc (step 0)": (last.get("acc") or [None])[0],
                     "eval accept length": last.get("accept_length"),
                     "eval simulated accept length": last.get("sim_accept_length")}
 
-        self._cli("train", ["train", "--config", str(config_path), "--catalog", str(self.catalog)], figures)
+        self._stage("train", _cmd(["train", "--config", str(config_path), "--catalog", str(self.catalog)]), fn)
 
     def export(self) -> None:
         argv = ["export", "--checkpoint", str(self.w / "run"), "--format", "sglang", "--out", str(self.w / "export")]
-        self._cli("export", argv, lambda: {"files": sorted(p.name for p in (self.w / "export").iterdir())})
+
+        def fn() -> dict[str, Any]:
+            from training.export import export_checkpoint
+
+            path = export_checkpoint(self.w / "run", self.w / "export", fmt="sglang")
+            return {"files": ", ".join(sorted(p.name for p in path.iterdir()))}
+
+        self._stage("export", _cmd(argv), fn)
 
     def _launch(self, algorithm: str) -> str:
         return (f"python -m sglang.launch_server --model {self.w / 'target'} --speculative-algorithm {algorithm} "
@@ -247,20 +414,55 @@ class Demo:
                 f"--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
 
     def doctor(self) -> None:
-        base = ["doctor", "--draft", str(self.w / "export"), "--model", str(self.w / "target"), "--data", str(self.w / "states")]
-        self._cli("doctor", [*base, "--launch", self._launch("EAGLE3")], lambda: {"launch EAGLE3": "ok"})
+        from curator.doctor import diagnose
+
+        base = ["doctor", "--draft", str(self.w / "export"), "--model", str(self.w / "target"),
+                "--data", str(self.w / "states")]
+
+        def check(algorithm: str, must_pass: bool) -> Callable[[], dict[str, Any]]:
+            def fn() -> dict[str, Any]:
+                report = diagnose(self.w / "export", self.w / "target", self.w / "states", self._launch(algorithm))
+                if report.ok != must_pass:
+                    found = "; ".join(f"{c.name}: {c.detail}" for c in report.errors) or "no error"
+                    raise CuratorError(f"demo: the doctor {'refused' if must_pass else 'passed'} the launch with "
+                                       f"--speculative-algorithm {algorithm} ({found})")
+                return {f"launch {algorithm}": "ok" if report.ok else
+                        f"refused: {report.errors[0].name}"}
+            return fn
+
+        self._stage("doctor", _cmd([*base, "--launch", self._launch("EAGLE3")]), check("EAGLE3", True))
         # The original case's costly mistake: the doctor must refuse it.
-        self._cli("doctor (EAGLE)", [*base, "--launch", self._launch("EAGLE")], lambda: {"launch EAGLE": "refused"}, expect_fail=True)
+        self._stage("doctor (EAGLE)", _cmd([*base, "--launch", self._launch("EAGLE")]), check("EAGLE", False))
 
     def eval(self) -> None:
-        prompts = write_heldout_prompts(self.w / "heldout.jsonl", n=self.s.eval_prompts)
+        prompts = self.w / "heldout.jsonl"
         out = self.w / "eval.json"
         argv = ["eval", "--model", str(self.w / "target"), "--draft", str(self.w / "export"), "--prompts", str(prompts),
                 "--steps", str(self.s.eval_steps), "--max-new-tokens", str(self.s.eval_max_new_tokens),
                 "--data", str(self.w / "states"), "--device", "cpu", "--json", str(out)]
 
-        def figures() -> dict[str, Any]:
-            data = json.loads(out.read_text())
+        def fn() -> dict[str, Any]:
+            from training.evaluate import (DraftProposer, evaluate, held_out_split, load_prompt_file, load_target,
+                                           offline_estimate)
+            from training.export import load_draft
+
+            write_heldout_prompts(prompts, n=self.s.eval_prompts)
+            chosen, _ = load_prompt_file(prompts)
+            target, tokenizer = load_target(self.w / "target", "cpu")
+            drafter = load_draft(self.w / "export", self.w / "target")
+            # One token at a time through two small models: a single thread does not wait on the others.
+            set_torch_threads(1)
+            try:
+                result = evaluate(target, tokenizer, DraftProposer(drafter), chosen, steps=self.s.eval_steps,
+                                  max_new_tokens=self.s.eval_max_new_tokens, tie_margin=1e-4)
+                result.offline = offline_estimate(drafter.float(), self.w / "states", self.w / "target",
+                                                  held_out_split(self.w / "export"), steps=self.s.eval_steps,
+                                                  max_new_tokens=self.s.eval_max_new_tokens)
+            finally:
+                set_torch_threads()
+            data = {"model": str(self.w / "target"), "draft": str(self.w / "export"), "prompts": str(prompts),
+                    **result.to_json()}
+            write_json(out, data)
             self.report.acceptance_length = data["acceptance_length"]
             self.report.acceptance_measured = [r["rate"] for r in data["overall"]["per_position"]]
             agentic = (data.get("categories") or {}).get("agentic") or {}
@@ -273,20 +475,23 @@ class Demo:
             return {"prompts": data["prompts_decoded"], "acceptance length": self.report.acceptance_length,
                     "agentic": self.report.acceptance_agentic, "estimated": self.report.acceptance_length_estimated}
 
-        self._cli("eval", argv, figures)
+        self._stage("eval", _cmd(argv), fn)
 
     def finish(self) -> None:
         html_path = write_html(self.report, self.w / "report.html")
         (self.w / "report.json").write_text(json.dumps(
-            {"stages": [s.__dict__ for s in self.report.stages], "mix": self.report.mix_counts,
+            {"stages": [asdict(s) for s in self.report.stages], "mix": self.report.mix_counts,
+             "warnings": self.report.warnings,
              "acceptance_length": self.report.acceptance_length,
              "acceptance_length_estimated": self.report.acceptance_length_estimated,
              "acceptance_length_agentic": self.report.acceptance_agentic}, indent=1, default=str))
         console.rule("[bold]report")
         console.print(summary_table("curator demo", summary_rows(self.report)))
+        for warning in self.report.warnings:
+            console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
         console.print(f"open [bold]{html_path}[/] in a browser for the plots")
 
 
-def run_demo(workdir: str | Path, settings: DemoSettings | None = None) -> DemoReport:
-    """Run the whole demo in `workdir`; return its report."""
-    return Demo(workdir, settings).run()
+def run_demo(workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False) -> DemoReport:
+    """Run the whole demo in `workdir` (taking up an earlier run there unless `fresh`); return its report."""
+    return Demo(workdir, settings, fresh).run()

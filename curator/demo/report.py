@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curator.commands.train import LOSS_NOTE
 from curator.ui import human_bytes
 from training.atomic import write_text
 
@@ -41,6 +42,7 @@ class DemoReport:
     acceptance_length: float | None = None
     acceptance_length_estimated: float | None = None
     acceptance_agentic: float | None = None  # measured on the held-out tool-calling prompts
+    warnings: list[str] = field(default_factory=list)  # signs that a stage learned nothing
 
     def figure(self, stage: str, key: str) -> Any:
         """Return one figure of a stage, or None."""
@@ -79,8 +81,8 @@ def plots(report: DemoReport) -> dict[str, str]:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
         ax1.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], color="#c44e52")
         ax1.set_xlabel("step")
-        ax1.set_ylabel("loss")
-        ax1.set_title("Training loss")
+        ax1.set_ylabel("soft cross-entropy (nats)")
+        ax1.set_title("Training loss (includes the target's entropy)")
         steps = max((len(r.get("acc") or []) for r in train_rows), default=0)
         for k in range(steps):
             ax2.plot([r["step"] for r in train_rows], [(r.get("acc") or [None] * steps)[k] for r in train_rows], label=f"TTT step {k}")
@@ -140,6 +142,8 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
                if report.acceptance_agentic is not None else "")
             + "</p>"
         )
+    for warning in report.warnings:
+        parts.append(f"<p><b>Warning:</b> {html.escape(warning)}</p>")
     parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>seconds</th><th>figures</th><th>command</th></tr>")
     for stage in report.stages:
         figures = "<br>".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in stage.figures.items())
@@ -157,6 +161,9 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
 def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
     """Return the final report's headline rows for the terminal."""
     rows: list[tuple[str, str]] = []
+    steps = report.figure("target", "train steps")
+    if steps is not None:
+        rows.append(("target train steps", str(steps)))
     found = report.figure("scout", "candidates")
     if found is not None:
         rows.append(("candidates found", _fmt(found)))
@@ -170,7 +177,9 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("hidden states stored", human_bytes(nbytes)))
     train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
     if train_rows:
-        rows.append(("training loss", f"{train_rows[0]['loss']:.3f} -> {train_rows[-1]['loss']:.3f} over {train_rows[-1]['step']} steps"))
+        rows.append(("draft training loss (CE)",
+                     f"{train_rows[0]['loss']:.3f} -> {train_rows[-1]['loss']:.3f} over {train_rows[-1]['step']} steps"))
+        rows.append(("how to read it", LOSS_NOTE))
     if report.acceptance_length is not None:
         rows.append(("acceptance length, measured", f"{report.acceptance_length:.2f}"))
     if report.acceptance_agentic is not None:
@@ -181,4 +190,6 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
                  if r.get("split") == "eval" and r.get("sim_accept_length") is not None]
     if simulated:
         rows.append(("acceptance length, simulated in training", " -> ".join(f"{v:.2f}" for v in simulated)))
+    if report.warnings:
+        rows.append(("warnings", str(len(report.warnings))))
     return rows

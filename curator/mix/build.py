@@ -9,6 +9,7 @@ folder, and a build first removes what a killed one left there.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from curator.errors import ConfigError
 from curator.mix import filters
 from curator.mix.dedup import Deduper
 from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, default_turns, resolve_format, to_prompt
+from curator.mix.online import require_hub
 from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
@@ -227,6 +229,10 @@ def build_mix(
     if max_tokens is not None and tokenizer is None:
         raise ConfigError("max_prompt_tokens needs the target's tokenizer (build-mix --tokenizer PATH)")
     counter = filters.TokenCounter(tokenizer) if tokenizer is not None else None
+    for spec in recipe.sources:  # inputs first: a missing file or an unreachable Hub leaves no folder behind
+        open_source(spec, recipe.base_dir, recipe.seed)
+    require_hub([spec.dataset for spec in recipe.sources if spec.dataset])
+    created = not out.exists()
     try:
         lock = mix_lock(out).acquire()
     except OutputBusyError as exc:
@@ -234,6 +240,10 @@ def build_mix(
     try:
         remove_stale_files(out)
         return _build(recipe, out, counter, max_tokens, licenses, progress)
+    except BaseException:
+        if created and not any(out.glob("part-*.parquet")):
+            shutil.rmtree(out, ignore_errors=True)  # a failed first build leaves no folder
+        raise
     finally:
         lock.release()
 
@@ -261,6 +271,7 @@ def _build(
             reports.append(report)
             if progress is not None:
                 progress.source_done(report)
+        refuse_empty(reports)
         parts = writer.finish()
         manifest = _manifest(recipe, reports, pairs, parts, max_tokens)
         writer.publish(manifest)
@@ -268,6 +279,31 @@ def _build(
         writer.abort()
         raise
     return manifest
+
+
+def refuse_empty(reports: Sequence[SourceReport]) -> None:
+    """Raise ConfigError, naming the sources and why, when the mix would be empty or a source had
+    rows but every one was malformed (a wrong `format:` or a broken file, not a small quota)."""
+    broken = [r for r in reports if r.read and r.malformed == r.read]
+    if broken or not sum(r.kept for r in reports):
+        why = "; ".join(f"{r.name}: {_why_nothing(r)}" for r in (broken or reports))
+        what = "every row of a source is malformed" if broken else "the mix would be empty"
+        raise ConfigError(f"{what}, so no mix was written: {why}")
+
+
+def _why_nothing(report: SourceReport) -> str:
+    if report.skipped:
+        return f"skipped ({report.skipped})"
+    if not report.read:
+        return "no rows"
+    parts = [f"{report.read:,} read"]
+    for what, count, reasons in (("malformed", report.malformed, report.malformed_reasons),
+                                 ("filtered", report.filtered, report.filtered_reasons)):
+        if count:
+            parts.append(f"{count:,} {what} (" + ", ".join(f"{k}: {v:,}" for k, v in reasons.most_common(3)) + ")")
+    if report.duplicates:
+        parts.append(f"{report.duplicates:,} duplicates")
+    return ", ".join(parts)
 
 
 def _manifest(

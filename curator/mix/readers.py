@@ -42,7 +42,9 @@ def local_files(path: Path) -> list[Path]:
             raise ConfigError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+        # hidden files and folders are not data (as for `datasets`)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
+                       and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts))
         if not files:
             raise ConfigError(f"{path}: folder has no .jsonl, .json or .parquet files")
         return files

@@ -1,0 +1,77 @@
+"""What `curator sql` runs: one or more SQL statements against the catalog, or over files.
+
+A query that only reads files (`SELECT ... FROM 'mix/*.parquet'`) needs no catalog, so where
+the catalog file does not exist yet such a query runs in an in-memory database and leaves no
+`catalog.duckdb` behind; any other statement opens (and so creates) the catalog.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from curator.catalog import Catalog, resolve_path
+from curator.errors import CatalogError, ConfigError
+
+_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+@dataclass
+class StatementResult:
+    """One statement's outcome: its text, and its columns and rows ([] for statements that return none)."""
+
+    statement: str
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def split_statements(text: str) -> list[Any]:
+    """Return the parsed statements of `text`; ConfigError when there are none, CatalogError when it does not parse."""
+    if not text.strip():
+        raise ConfigError('no SQL given: curator sql "SELECT ..." (several statements separated by ";")')
+    try:
+        statements = duckdb.connect(":memory:").extract_statements(text)
+    except duckdb.Error as exc:
+        raise CatalogError(str(exc).strip().splitlines()[0]) from exc
+    if not statements:
+        raise ConfigError(f"no SQL statement in {text!r}")
+    return statements
+
+
+def run_sql(text: str, catalog: str | os.PathLike[str] | None = None) -> list[StatementResult]:
+    """Return the result of every statement in `text`, in order (the catalog's, or in memory; see the module)."""
+    statements = split_statements(text)
+    path = resolve_path(catalog)
+    if not path.exists() and all(s.type in _READ_ONLY for s in statements):
+        return _run_in_memory(statements, path)
+    cat = Catalog.open(path)
+    results = []
+    with cat.session():
+        for statement in statements:
+            columns, rows = cat.query(statement.query)
+            results.append(StatementResult(statement.query.strip(), columns, rows))
+    return results
+
+
+def _run_in_memory(statements: list[Any], catalog: os.PathLike[str]) -> list[StatementResult]:
+    con = duckdb.connect(":memory:")
+    results = []
+    try:
+        for statement in statements:
+            try:
+                cursor = con.execute(statement.query)
+            except duckdb.CatalogException as exc:
+                raise CatalogError(
+                    f"{str(exc).strip().splitlines()[0]} (there is no catalog at {catalog} yet: run `curator scout` "
+                    "or pass --catalog)"
+                ) from exc
+            except duckdb.Error as exc:
+                raise CatalogError(str(exc).strip().splitlines()[0]) from exc
+            columns = [d[0] for d in cursor.description] if cursor.description else []
+            results.append(StatementResult(statement.query.strip(), columns, cursor.fetchall() if columns else []))
+    finally:
+        con.close()
+    return results
