@@ -195,7 +195,7 @@ def hidden_states(
     from training.chat_tokens import GenerationReadStats, generation_files
     from training.hidden_states import store_meta
     from training.plan import load_shape
-    from training.store import claim_store, read_index
+    from training.store import read_index
     from training.target_config import read_target_config
 
     if dtype not in ("bf16", "fp8"):
@@ -247,6 +247,7 @@ def _run_vllm(
     from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
     from training.chat_tokens import iter_generation
     from training.hidden_states import merge_index
+    from training.store import claim_store
 
     mapping = None
     if path_map:
