@@ -110,8 +110,6 @@ def test_without_network_build_mix_says_so_in_seconds_naming_every_hub_source(
     assert not (tmp_path / "mix").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="manifest.json beside the parts breaks data_dir= and 'MIX/*'; the fix is "
-                   "MANIFEST = '.curator/manifest.json' in curator/mix/schema.py (owned by the mix engineer)")
 def test_a_mix_folder_reads_back_with_datasets_duckdb_and_pandas(tmp_path: Path) -> None:
     import datasets
     import pandas as pd

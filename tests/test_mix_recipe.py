@@ -8,6 +8,7 @@ import pytest
 
 from curator.errors import ConfigError
 from curator.mix import load_recipe, read_manifest
+from curator.mix.schema import MANIFEST
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -88,7 +89,7 @@ def test_recipe_paths_are_confined_to_the_recipe_folder_unless_allowed(tmp_path,
         assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1
         err = " ".join(capsys.readouterr().err.split())
         assert "outside the recipe's folder" in err and "allow_outside_paths" in err
-        assert not (project / "mix" / "manifest.json").exists()
+        assert not (project / "mix" / MANIFEST).exists()
     recipe.write_text("name: opted-out\nallow_outside_paths: true\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
     assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 0
     assert read_manifest(project / "mix")["rows"] == 1

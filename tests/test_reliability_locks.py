@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from curator.cli import main
+from curator.mix.schema import MANIFEST
 from fakes.openai_server import FakeOpenAIServer, write_mix
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +138,7 @@ def test_a_second_build_mix_on_one_out_is_refused_naming_the_pid(tmp_path: Path,
         first.wait()
         first.stderr.close()
     assert not (out / ".build-mix.lock").exists()
-    assert json.loads((out / "manifest.json").read_text())["rows"] == 20
+    assert json.loads((out / MANIFEST).read_text())["rows"] == 20
 
 
 def test_a_finished_generate_leaves_no_lock_file(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from curator.cli import main
+from curator.mix.schema import MANIFEST
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,8 +72,8 @@ def test_a_killed_builds_parts_are_removed_by_the_next_build(tmp_path: Path) -> 
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
     assert list(out.glob(".part-*"))  # temporaries of the parts it had not renamed yet
     assert main(args) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == sorted([p["file"] for p in manifest["parts"]] + ["manifest.json"])
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert sorted(p.name for p in out.iterdir()) == sorted([p["file"] for p in manifest["parts"]] + [".curator"])
 
 
 def test_checkpoint_temporaries_of_an_interrupted_save_are_removed(tmp_path: Path) -> None:

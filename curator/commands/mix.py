@@ -44,7 +44,7 @@ class _RichProgress:
 
 
 def build_mix_command(
-    out: Path = typer.Option(..., "--out", help="Folder for part-*.parquet and manifest.json."),
+    out: Path = typer.Option(..., "--out", help="Folder for part-*.parquet (and its manifest, .curator/manifest.json)."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe YAML (see recipes/)."),
     from_catalog: bool = typer.Option(False, "--from-catalog", help="Build from the catalog's approved candidates."),
     target_samples: Optional[int] = typer.Option(

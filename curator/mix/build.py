@@ -3,7 +3,7 @@
 Sources are processed in recipe order, which is their priority: a row that duplicates a row
 already kept from an earlier source is dropped and counted against that pair of sources.
 The output is a mix folder as curator/mix/schema.py defines it (docs/mix.md): parquet parts and
-manifest.json, published whole; the same recipe gives the same bytes. One build at a time writes a
+.curator/manifest.json, published whole; the same recipe gives the same bytes. One build at a time writes a
 folder, and a build first removes what a killed one left there.
 """
 
@@ -223,7 +223,7 @@ def build_mix(
     licenses: Mapping[str, str | None] | None = None,
     progress: MixProgress | None = None,
 ) -> dict[str, Any]:
-    """Return the manifest of the mix built from `recipe` into `out_dir` (parquet parts + manifest.json)."""
+    """Return the manifest of the mix built from `recipe` into `out_dir` (parquet parts + .curator/manifest.json)."""
     out = Path(out_dir)
     max_tokens = max_prompt_tokens if max_prompt_tokens is not None else recipe.filters.max_prompt_tokens
     if max_tokens is not None and tokenizer is None:

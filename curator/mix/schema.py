@@ -1,6 +1,6 @@
 """The mix contract: what `curator build-mix` writes and what every reader of a mix reads (docs/mix.md).
 
-A mix folder holds parquet parts and manifest.json. The manifest is the completion marker: it is
+A mix folder holds parquet parts and .curator/manifest.json. The manifest is the completion marker: it is
 written last, atomically, and names every part with its row count and SHA-256, so a reader sees a
 whole mix or refuses the folder. Parts carry their content hash in their names, so a rebuild never
 overwrites a part the current manifest names; the old mix stays whole until the new manifest
@@ -38,7 +38,11 @@ from training.diskspace import named_disk_full
 from training.outlock import OutputLock
 from training.tempfiles import remove_matching
 
-MANIFEST = "manifest.json"
+# The manifest sits in a hidden folder so that the obvious read-backs of a mix folder see only
+# parquet: `datasets.load_dataset("parquet", data_dir=MIX)` skips hidden paths, and DuckDB's
+# 'MIX/*' does not descend into folders (a hidden *file* it would read).
+MANIFEST = ".curator/manifest.json"
+LEGACY_MANIFEST = "manifest.json"  # mixes built before the manifest moved
 MANIFEST_VERSION = 1
 LOCK_FILE = ".build-mix.lock"
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -324,12 +328,13 @@ class MixWriter:
         return [{"file": p.name, "rows": p.rows, "sha256": p.sha256} for p in self.parts]
 
     def publish(self, manifest: dict[str, Any]) -> None:
-        """Rename the parts into place, replace manifest.json (the mix is now the new one), drop what it does not name."""
+        """Rename the parts into place, replace the manifest (the mix is now the new one), drop what it does not name."""
         for part in self.parts:
             os.replace(part.tmp, self.out_dir / part.name)
         _fsync(self.out_dir)
         write_text(self.out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         _fsync(self.out_dir)
+        (self.out_dir / LEGACY_MANIFEST).unlink(missing_ok=True)  # the new manifest is the one that counts
         named = {p.name for p in self.parts}
         for path in self.out_dir.glob(PART_GLOB):
             if path.name not in named:
@@ -381,7 +386,9 @@ def remove_stale_files(out_dir: str | Path) -> list[Path]:
     Call it only while holding `mix_lock`.
     """
     root = Path(out_dir)
-    removed = remove_matching(root, [f".part-*{TMP_MARK}*", f".{MANIFEST}{TMP_MARK}*"])
+    manifest = Path(MANIFEST)
+    removed = remove_matching(root, [f".part-*{TMP_MARK}*"])
+    removed += remove_matching(root / manifest.parent, [f".{manifest.name}{TMP_MARK}*"])
     try:
         named = {p["file"] for p in _load_manifest(root)["parts"]}
     except ConfigError:
@@ -405,6 +412,8 @@ def _rebuild_hint(root: Path, manifest: dict[str, Any] | None = None) -> str:
 
 def _load_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
+    if not path.exists() and (root / LEGACY_MANIFEST).exists():
+        path = root / LEGACY_MANIFEST
     if not root.is_dir():
         raise ConfigError(f"mix directory {root} does not exist (make one with `curator build-mix`)")
     try:
