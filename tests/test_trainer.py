@@ -268,3 +268,14 @@ def test_prefetcher_returns_each_step_in_order_and_reads_ahead() -> None:
     assert sorted(calls) == [0, 1, 2, 3, 4]  # each step read exactly once, ahead of its turn
     resumed = Prefetcher(load, total_steps=5, depth=0)
     assert resumed.get(3) == [30]
+
+
+def test_logged_loss_splits_into_the_targets_entropy_and_the_kl_the_draft_can_remove(
+    store_dir: Path, sharp_target: Path, tmp_path: Path
+) -> None:
+    train(tiny_config(store_dir, sharp_target, tmp_path / "run", max_steps=30, log_every=10))
+    log = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    for r in log:
+        assert r["target_entropy"] > 0 and abs(r["loss"] - r["target_entropy"] - r["kl"]) < 1e-9
+        assert r["kl"] >= -1e-6  # cross-entropy never falls below the entropy of the same distribution
+    assert log[-1]["kl"] < log[0]["kl"]

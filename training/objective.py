@@ -30,8 +30,9 @@ from training.distributed import all_reduce_sum
 from training.draft import Eagle3Draft, TTTCache
 from training.target_head import TargetHead
 
-# per TTT step: loss_sum, n_valid, n_correct, n_prefix (all right through k), n_prev (all right through k-1)
-N_SUMS = 5
+# per TTT step: loss_sum, n_valid, n_correct, n_prefix (all right through k), n_prev (all right through k-1),
+# and the target's entropy summed over the trained positions (loss - entropy is the KL the draft can still remove)
+N_SUMS = 6
 
 
 @dataclass
@@ -108,11 +109,14 @@ class TTTObjective(nn.Module):
             loss_sum = (soft_ce * train_mask).sum()
             loss = loss + step_scale[k] * loss_sum
             with torch.no_grad():
+                p = target_probs[:, 1 + k :]
+                entropy_sum = ((-(p * p.clamp(min=1e-30).log()).sum(-1)) * train_mask).sum()
                 correct = (draft.draft_to_target(logits.argmax(-1)) == target_argmax[:, 1 + k :]) & valid
                 prev = prefix[:, :n]
                 prefix = prev & correct
                 counted = [valid.sum(), correct.sum(), prefix.sum(), (prev & valid).sum()]
-                sums[k] = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted)])
+                sums[k] = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
+                                       entropy_sum.double()])
         return loss, sums
 
 
@@ -123,19 +127,28 @@ def step_counts(loss_mask: torch.Tensor, ttt_steps: int) -> torch.Tensor:
 
 
 def summarize(sums: torch.Tensor, step_weight: float = 0.8) -> dict[str, Any]:
-    """Return loss, loss_k, acc, cond_acc and accept_length from metric sums [ttt_steps, N_SUMS]."""
+    """Return loss, loss_k, target_entropy, kl, acc, cond_acc and accept_length from metric sums [ttt_steps, N_SUMS].
+
+    `loss` is the soft cross-entropy against the target's distribution, so it never falls below
+    the target's own entropy; `kl` = loss - target_entropy is the part the draft can still remove.
+    """
     s = sums.double().cpu()
     n_valid = s[:, 1].clamp(min=1)
     loss_k = (s[:, 0] / n_valid).tolist()
+    entropy_k = (s[:, 5] / n_valid).tolist() if s.shape[1] > 5 else [0.0] * len(loss_k)
+    entropy = sum(step_weight**k * e for k, e in enumerate(entropy_k))
     acc = (s[:, 2] / n_valid).tolist()
     cond = (s[:, 3] / s[:, 4].clamp(min=1)).tolist()
     accept, run = 1.0, 1.0
     for c in cond:
         run *= c
         accept += run
+    loss = sum(step_weight**k * lk for k, lk in enumerate(loss_k))
     return {
-        "loss": sum(step_weight**k * lk for k, lk in enumerate(loss_k)),
+        "loss": loss,
         "loss_k": loss_k,
+        "target_entropy": entropy,
+        "kl": loss - entropy,
         "acc": acc,
         "cond_acc": cond,
         "accept_length": accept,

@@ -284,7 +284,8 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
         scheduler.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"])
         run.step = int(state["step"])
-        run.pending = state["pending_sums"].double()
+        saved = state["pending_sums"].double()
+        run.pending[:, : saved.shape[1]] = saved  # a checkpoint from before a sum was added lacks its column
         run.pending_tokens = int(state["pending_tokens"])
         if dist_info.is_main:
             _truncate_metrics(run_dir / "metrics.jsonl", run.step)

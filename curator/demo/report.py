@@ -79,10 +79,15 @@ def plots(report: DemoReport) -> dict[str, str]:
     train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
     if train_rows:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-        ax1.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], color="#c44e52")
+        if all(r.get("kl") is not None for r in train_rows):
+            ax1.plot([r["step"] for r in train_rows], [r["kl"] for r in train_rows], color="#c44e52")
+            ax1.set_ylabel("KL to the target (nats)")
+            ax1.set_title("Training loss: cross-entropy minus the target's entropy")
+        else:
+            ax1.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], color="#c44e52")
+            ax1.set_ylabel("soft cross-entropy (nats)")
+            ax1.set_title("Training loss (includes the target's entropy)")
         ax1.set_xlabel("step")
-        ax1.set_ylabel("soft cross-entropy (nats)")
-        ax1.set_title("Training loss (includes the target's entropy)")
         steps = max((len(r.get("acc") or []) for r in train_rows), default=0)
         for k in range(steps):
             ax2.plot([r["step"] for r in train_rows], [(r.get("acc") or [None] * steps)[k] for r in train_rows], label=f"TTT step {k}")
@@ -176,7 +181,12 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
     if nbytes is not None:
         rows.append(("hidden states stored", human_bytes(nbytes)))
     train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
-    if train_rows:
+    if train_rows and train_rows[-1].get("kl") is not None:
+        rows.append(("draft training loss (KL to the target)",
+                     f"{train_rows[0]['kl']:.3f} -> {train_rows[-1]['kl']:.3f} over {train_rows[-1]['step']} steps"))
+        rows.append(("how to read it", "KL = cross-entropy minus the target's own entropy "
+                     f"({train_rows[-1]['target_entropy']:.3f} nats): 0 means the draft matches the target's distribution"))
+    elif train_rows:
         rows.append(("draft training loss (CE)",
                      f"{train_rows[0]['loss']:.3f} -> {train_rows[-1]['loss']:.3f} over {train_rows[-1]['step']} steps"))
         rows.append(("how to read it", LOSS_NOTE))
