@@ -206,6 +206,14 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     else:
         checks.append(Check("weight names", "ok", f"fc, {prefix}*, norm, lm_head{', d2t, t2d' if maps else ''} present"))
 
+    if layout.fmt == "speculators":
+        from training.export import is_hub_id
+
+        verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+        if not is_hub_id(verifier):
+            checks.append(Check("verifier", "warn",
+                                f"speculators_config.verifier.name_or_path is {verifier!r}; `vllm serve` needs a Hub "
+                                "repository id there: re-export with curator export --verifier ORG/NAME"))
     if "embed_tokens.weight" in shapes and layout.fmt == "sglang":
         checks.append(Check("embeddings", "warn",
                             "embed_tokens.weight is in the export; SGLang replaces it with the target's "
@@ -584,14 +592,18 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
                             "SGLang picks the draft's class from config.json `architectures` and has no "
                             "Eagle3Speculator class (nor reads transformer_layer_config), so it fails at start-up: "
                             "export with --format sglang"))
-    if spec.engine == "vllm" and layout.fmt == "speculators":
+    # `vllm serve EXPORT` serves the verifier the export names (transformers_utils/config.py,
+    # maybe_override_with_speculators); with the target given and the draft in the speculative
+    # config, the verifier is not read
+    serves_export = spec.target is not None and _same_path(spec.target, layout.path) == "ok"
+    if spec.engine == "vllm" and layout.fmt == "speculators" and serves_export:
         verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
         from training.export import is_hub_id
 
         if not is_hub_id(verifier):
             checks.append(Check("verifier", "error",
-                                f"speculators_config.verifier.name_or_path is {verifier!r}, not a Hub repository id, "
-                                "which vLLM requires: re-export with curator export --verifier ORG/NAME"))
+                                f"`vllm serve` on the export serves its verifier, {verifier!r}: not a Hub repository "
+                                "id, which vLLM requires; re-export with curator export --verifier ORG/NAME"))
     if spec.engine == "vllm" and layout.fmt == "sglang" and layout.config.get("eagle_aux_hidden_state_layer_ids") is None:
         checks.append(Check("layout vs server", "error",
                             "vLLM serves this layout as Eagle3LlamaForCausalLM but reads its layer ids from the "

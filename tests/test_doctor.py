@@ -149,8 +149,8 @@ CASES: list[Case] = [
     ("export trained on other layers than SGLang captures",
      lambda d: write_sglang_export(d, config={"curator": {"aux_layer_inputs": [1, 4, 5]}}),
      lambda t, d: sglang_cmd(t, d), "aux layers (SGLang)"),
-    ("speculators export whose verifier is a local folder", lambda d: write_speculators_export(d, verifier="/models/t"),
-     lambda t, d: vllm_cmd(t, d), "verifier"),
+    ("`vllm serve EXPORT` whose verifier is a local folder", lambda d: write_speculators_export(d, verifier="/models/t"),
+     lambda t, d: f"vllm serve {d} --port 8000", "verifier"),
     ("vLLM short flag and the same key in --speculative-config", lambda d: write_speculators_export(d),
      lambda t, d: vllm_cmd(t, d) + " --spec-tokens 2", "speculative config"),
     ("tree larger than topk allows", lambda d: write_sglang_export(d),
@@ -292,3 +292,9 @@ def test_vllm_serving_an_sglang_export_without_top_level_ids_is_an_error(target:
     assert "layout vs server" in {c.name for c in report.errors}
     fixed = write_sglang_export(good_draft.parent / "fixed", config={"eagle_aux_hidden_state_layer_ids": LAYER_IDS})
     assert diagnose(fixed, target, launch=vllm_cmd(target, fixed)).ok
+
+
+def test_a_local_verifier_is_flagged_even_without_a_launch_command(tmp_path: Path, target: Path) -> None:
+    report = diagnose(write_speculators_export(tmp_path / "spec", verifier=str(target)), target)
+    (verifier,) = [c for c in report.checks if c.name == "verifier"]
+    assert verifier.status == "warn" and "--verifier" in verifier.detail
