@@ -20,7 +20,7 @@ from sglang_cpu import SGLangDraft, SGLangProposer, captured_by_model_loop, conf
 
 
 def main() -> None:
-    from curator.commands.evaluate import mix_prompts
+    from curator.mix.prompts import mix_prompts
     from training.evaluate import DraftProposer, evaluate, load_prompt_file, load_target, spread_by_category
     from training.export import load_draft
     from training.target_head import load_embeddings
