@@ -33,7 +33,7 @@ DEBUG_ENV = "CURATOR_DEBUG"
 COMMANDS = {
     "sql": "catalog", "catalog": "catalog", "scout": "scout", "hub": "scout", "build-mix": "mix",
     "generate": "generate", "plan": "hidden_states", "hidden-states": "hidden_states", "train": "train",
-    "export": "train", "eval": "evaluate", "doctor": "evaluate", "demo": "demo",
+    "export": "train", "eval": "evaluate", "doctor": "doctor", "demo": "demo",
     "bench-serve": "bench_serve",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))

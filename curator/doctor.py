@@ -112,6 +112,7 @@ class LaunchSpec:
     steps: int | None = None
     topk: int | None = None
     num_draft_tokens: int | None = None
+    short_flags: bool = False  # vLLM's --spec-method/--spec-model/--spec-tokens were used
     problems: list[Check] = field(default_factory=list)
 
 
@@ -205,6 +206,14 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     else:
         checks.append(Check("weight names", "ok", f"fc, {prefix}*, norm, lm_head{', d2t, t2d' if maps else ''} present"))
 
+    if layout.fmt == "speculators":
+        from training.export import is_hub_id
+
+        verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+        if not is_hub_id(verifier):
+            checks.append(Check("verifier", "warn",
+                                f"speculators_config.verifier.name_or_path is {verifier!r}; `vllm serve` needs a Hub "
+                                "repository id there: re-export with curator export --verifier ORG/NAME"))
     if "embed_tokens.weight" in shapes and layout.fmt == "sglang":
         checks.append(Check("embeddings", "warn",
                             "embed_tokens.weight is in the export; SGLang replaces it with the target's "
@@ -329,19 +338,62 @@ def check_target(layout: DraftLayout, target_config: dict[str, Any]) -> list[Che
                                 f"draft vocab_size {vocab} != target {tvocab}: d2t/t2d index another tokenizer"))
         else:
             checks.append(Check("vocab size", "ok", f"{vocab:,}"))
-    ids = layout.aux_layer_ids or default_layer_ids(tlayers)
-    outside = [i for i in ids if not 0 <= i < tlayers]
-    if outside:
-        checks.append(Check("aux layers in depth", "error",
-                            f"layer ids {ids} include {outside}, outside the target's {tlayers} layers (0..{tlayers - 1})"))
-    else:
-        checks.append(Check("aux layers in depth", "ok", f"{ids} within {tlayers} layers"))
+    checks.extend(check_served_layers(layout, target_config))
     return checks
 
 
-def default_layer_ids(num_layers: int) -> list[int]:
-    """Return SGLang's default aux layer ids (inputs of layers) for a target of this depth."""
-    return [2, num_layers // 2, num_layers - 3]
+def check_served_layers(layout: DraftLayout, target_config: dict[str, Any]) -> list[Check]:
+    """Return checks that the layers each engine will capture are the ones the draft was trained on.
+
+    SGLang applies its per-class rule to `eagle_config.eagle_aux_hidden_state_layer_ids` and its
+    model loop drops ids past the model (training.layers); vLLM reads the ids as layer inputs, from
+    the top-level key first (both runners), else the V1 runner from eagle_config's ids and the V2
+    runner (the default) from `eagle_config.layer_ids`.
+    """
+    from training.errors import ModelMismatchError
+    from training.export import served_layer_inputs
+    from training.layers import SGLANG_VERSION, sglang_rule, sglang_rule_verified, vllm_captured
+
+    n = int(target_config["num_hidden_layers"])
+    arch = (target_config.get("architectures") or [None])[0]
+    trained = (layout.config.get("curator") or {}).get("aux_layer_inputs")
+    checks: list[Check] = []
+    try:
+        sglang = served_layer_inputs(layout.config, target_config)
+    except ModelMismatchError as exc:
+        return [Check("aux layers served", "error", str(exc))]
+    if layout.fmt == "sglang":
+        rule = sglang_rule(arch) + ("" if sglang_rule_verified(arch) else ", assumed: class not read in SGLang's source")
+        served = {f"SGLang {SGLANG_VERSION} ({arch}: {rule})": sglang}
+        eagle = layout.config.get("eagle_config") or {}
+        top = layout.config.get("eagle_aux_hidden_state_layer_ids")
+        v1 = top or eagle.get("eagle_aux_hidden_state_layer_ids")
+        v2 = top or eagle.get("layer_ids")
+        served["vLLM 0.33 V1 runner"] = vllm_captured(v1, n)
+        served["vLLM 0.33 V2 runner"] = vllm_captured(v2, n)
+    else:
+        served = {"vLLM 0.33 / speculators": sglang}
+    expected = sorted(int(i) for i in trained) if trained else None
+    for engine, layers in served.items():
+        short = "SGLang" if engine.startswith("SGLang") else "vLLM"
+        if len(layers) != 3 or any(not 0 <= i <= n for i in layers):
+            checks.append(Check(f"aux layers ({short})", "error",
+                                f"{engine} captures the inputs of layers {layers} of a {n}-layer target: "
+                                "ids past the model are never captured and the draft gets a narrower fc input"))
+        elif expected is not None and layers != expected:
+            checks.append(Check(f"aux layers ({short})", "error" if short == "SGLang" or layout.fmt != "sglang" else "warn",
+                                f"{engine} feeds the draft the inputs of layers {layers}, but it was trained on "
+                                f"{expected}: re-export with curator export"))
+        else:
+            checks.append(Check(f"aux layers ({short})", "ok", f"{engine} feeds the inputs of layers {layers}"
+                                + (", as trained" if expected is not None else " (training layers not recorded)")))
+    # one line per engine: the worst runner of vLLM stands for it
+    merged: dict[str, Check] = {}
+    rank = {"ok": 0, "warn": 1, "error": 2}
+    for c in checks:
+        if c.name not in merged or rank[c.status] > rank[merged[c.name].status]:
+            merged[c.name] = c
+    return list(merged.values())
 
 
 def check_store(layout: DraftLayout, store_meta: Any, target_config: dict[str, Any] | None = None) -> list[Check]:
@@ -466,31 +518,50 @@ def _parse_sglang(argv: list[str]) -> LaunchSpec:
     return spec
 
 
+# vLLM 0.33 (engine/arg_utils.py): `--speculative-config`/`-sc` takes JSON; `--spec-method`,
+# `--spec-model` and `--spec-tokens` fill its keys and are refused when the JSON sets the same key.
+_VLLM_SHORT = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
+
+
 def _parse_vllm(argv: list[str]) -> LaunchSpec:
     opts, positionals = _option_map(argv)
     spec = LaunchSpec(engine="vllm", argv=argv)
     after_serve = positionals[positionals.index("serve") + 1:] if "serve" in positionals else []
     spec.target = opts.get("--model") or (after_serve[0] if after_serve else None)
-    raw = opts.get("--speculative-config")
-    if raw is None:
-        if "--speculative-model" in opts:
+    if "--speculative-model" in opts or "--num-speculative-tokens" in opts:
+        spec.problems.append(Check("speculative config", "error",
+                                   "--speculative-model/--num-speculative-tokens were removed from vLLM; use "
+                                   "--spec-model/--spec-tokens or --speculative-config '{\"method\": \"eagle3\", ...}'"))
+    raw = opts.get("--speculative-config", opts.get("-sc"))
+    config: dict[str, Any] = {}
+    if raw is not None:
+        try:
+            parsed = json.loads(raw or "")
+        except json.JSONDecodeError as exc:
+            spec.problems.append(Check("speculative config", "error", f"--speculative-config is not JSON ({exc})"))
+            return spec
+        if not isinstance(parsed, dict):
+            spec.problems.append(Check("speculative config", "error", "--speculative-config must be a JSON object"))
+            return spec
+        config = {k.replace("-", "_"): v for k, v in parsed.items()}
+    for flag, key in _VLLM_SHORT.items():
+        if flag not in opts:
+            continue
+        spec.short_flags = True
+        if key in config:
             spec.problems.append(Check("speculative config", "error",
-                                       "--speculative-model/--num-speculative-tokens were removed from vLLM; "
-                                       "use --speculative-config '{\"method\": \"eagle3\", ...}'"))
-            spec.draft_path = opts.get("--speculative-model")
+                                       f"{flag} and --speculative-config['{key}'] are mutually exclusive: vLLM refuses "
+                                       "to start; give each setting once"))
+        config[key] = opts[flag]
+    if not config and "--speculative-model" in opts:
+        spec.draft_path = opts.get("--speculative-model")
         return spec
-    try:
-        config = json.loads(raw or "")
-    except json.JSONDecodeError as exc:
-        spec.problems.append(Check("speculative config", "error", f"--speculative-config is not JSON ({exc})"))
-        return spec
-    if not isinstance(config, dict):
-        spec.problems.append(Check("speculative config", "error", "--speculative-config must be a JSON object"))
+    if not config:
         return spec
     spec.algorithm = config.get("method")
     spec.draft_path = config.get("model")
-    spec.steps = _int_opt(spec, "num_speculative_tokens", None if config.get("num_speculative_tokens") is None
-                          else str(config["num_speculative_tokens"]))
+    tokens = config.get("num_speculative_tokens")
+    spec.steps = _int_opt(spec, "num_speculative_tokens", None if tokens is None else str(tokens))
     spec.topk = 1
     spec.num_draft_tokens = spec.steps + 1 if spec.steps is not None else None
     return spec
@@ -518,8 +589,26 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
     algo = (spec.algorithm or "").upper()
     if spec.engine == "sglang" and layout.fmt == "speculators":
         checks.append(Check("layout vs server", "error",
-                            "SGLang expects the SGLang layout (midlayer.*); this export is the vLLM speculators "
-                            "layout (layers.0.*), whose layer SGLang would skip: export with --format sglang"))
+                            "SGLang picks the draft's class from config.json `architectures` and has no "
+                            "Eagle3Speculator class (nor reads transformer_layer_config), so it fails at start-up: "
+                            "export with --format sglang"))
+    # `vllm serve EXPORT` serves the verifier the export names (transformers_utils/config.py,
+    # maybe_override_with_speculators); with the target given and the draft in the speculative
+    # config, the verifier is not read
+    serves_export = spec.target is not None and _same_path(spec.target, layout.path) == "ok"
+    if spec.engine == "vllm" and layout.fmt == "speculators" and serves_export:
+        verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+        from training.export import is_hub_id
+
+        if not is_hub_id(verifier):
+            checks.append(Check("verifier", "error",
+                                f"`vllm serve` on the export serves its verifier, {verifier!r}: not a Hub repository "
+                                "id, which vLLM requires; re-export with curator export --verifier ORG/NAME"))
+    if spec.engine == "vllm" and layout.fmt == "sglang" and layout.config.get("eagle_aux_hidden_state_layer_ids") is None:
+        checks.append(Check("layout vs server", "error",
+                            "vLLM serves this layout as Eagle3LlamaForCausalLM but reads its layer ids from the "
+                            "top-level eagle_aux_hidden_state_layer_ids (then, per runner, eagle_config's ids as layer "
+                            "inputs or eagle_config.layer_ids), which this export lacks: re-export with curator export"))
     if spec.algorithm is None:
         if spec.engine == "vllm" and layout.fmt == "speculators" and spec.draft_path:
             checks.append(Check("algorithm", "warn", "no \"method\": vLLM reads eagle3 from the speculators config; say it explicitly"))
@@ -563,7 +652,14 @@ def _check_step_settings(spec: LaunchSpec) -> list[Check]:
         if spec.steps < 1:
             return [Check("draft steps", "error", f"num_speculative_tokens={spec.steps} must be >= 1")]
         return [Check("draft steps", "ok", f"{spec.steps} tokens per step (chain)")]
+    # SGLang 0.5.23 (srt/arg_groups/speculative_hook.py): without --speculative-num-steps it asserts
+    # that topk and num_draft_tokens are unset too and picks all three per model; with topk 1 it
+    # adjusts num_draft_tokens to steps + 1 (a warning in its log)
     steps, topk, ndt = spec.steps, spec.topk, spec.num_draft_tokens
+    if steps is None and (topk is not None or ndt is not None):
+        return [Check("draft steps", "error",
+                      "--speculative-eagle-topk or --speculative-num-draft-tokens without --speculative-num-steps: "
+                      "SGLang fails an assertion at start-up; give all three (or none)")]
     given = {"--speculative-num-steps": steps, "--speculative-eagle-topk": topk, "--speculative-num-draft-tokens": ndt}
     unset = [k for k, v in given.items() if v is None]
     if unset:
@@ -573,9 +669,9 @@ def _check_step_settings(spec: LaunchSpec) -> list[Check]:
     if steps < 1 or topk < 1 or ndt < 2:
         return [Check("draft steps", "error", f"steps {steps}, topk {topk}, draft tokens {ndt}: need steps>=1, topk>=1, draft tokens>=2")]
     if topk == 1 and ndt != steps + 1:
-        return [Check("draft steps", "error",
-                      f"with topk 1 the draft is a chain of {steps} tokens, verified with the root as {steps + 1} "
-                      f"tokens; --speculative-num-draft-tokens {ndt} must be {steps + 1} (SGLang overrides it)")]
+        return [Check("draft steps", "warn",
+                      f"with topk 1 the draft is a chain of {steps} tokens, verified with the root as {steps + 1}; "
+                      f"SGLang adjusts --speculative-num-draft-tokens {ndt} to {steps + 1}: say {steps + 1}")]
     most = 1 + topk + (steps - 1) * topk * topk
     if ndt > most:
         return [Check("draft steps", "error",
@@ -599,7 +695,11 @@ def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec
         ndt = steps + 1 if topk == 1 else min(1 + topk + (steps - 1) * topk * topk, 2 * steps + 2)
     draft = str(layout.path)
     if engine == "vllm":
-        kept = _kept_args(spec, {"--speculative-config", "--model", "--speculative-model", "--num-speculative-tokens"}) if spec else []
+        dropped = {"--speculative-config", "-sc", "--model", "--speculative-model", "--num-speculative-tokens", *_VLLM_SHORT}
+        kept = _kept_args(spec, dropped) if spec else []
+        if spec is not None and spec.short_flags:
+            return shlex.join(["vllm", "serve", model, *kept, "--spec-method", "eagle3", "--spec-model", draft,
+                               "--spec-tokens", str(steps)])
         config = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": steps})
         return shlex.join(["vllm", "serve", model, *kept, "--speculative-config", config])
     dropped = {f for names in _SGLANG_FLAGS.values() for f in names}

@@ -70,7 +70,7 @@ def write_sglang_export(root: Path, *, config: dict | None = None, **tensor_kwar
     return root
 
 
-def write_speculators_export(root: Path, prefix: str = "layers.0.") -> Path:
+def write_speculators_export(root: Path, prefix: str = "layers.0.", verifier: str = "org/target") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
            "transformer_layer_config": {"model_type": "llama", "hidden_size": H, "num_attention_heads": HEADS,
@@ -81,7 +81,7 @@ def write_speculators_export(root: Path, prefix: str = "layers.0.") -> Path:
            "speculators_config": {"algorithm": "eagle3",
                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
                                   "default_proposal_method": "greedy",
-                                  "verifier": {"name_or_path": "target", "architectures": ["LlamaForCausalLM"]}}}
+                                  "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}}}
     (root / "config.json").write_text(json.dumps(cfg))
     save_file(draft_tensors(prefix), str(root / "model.safetensors"))
     return root
@@ -112,7 +112,7 @@ def test_correct_sglang_deployment_passes_every_check(target: Path, good_draft: 
     report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
     assert report.ok, [c for c in report.errors]
     assert not [c for c in report.checks if c.status == "warn"]
-    assert {"architecture", "fc shape", "fc width vs target", "vocab size", "aux layers in depth",
+    assert {"architecture", "fc shape", "fc width vs target", "vocab size", "aux layers (SGLang)",
             "algorithm", "draft path", "draft steps"} <= {c.name for c in report.checks}
 
 
@@ -138,14 +138,21 @@ CASES: list[Case] = [
      lambda t, d: sglang_cmd(t, d), "vocab size"),
     ("layer id past the target's depth",
      lambda d: write_sglang_export(d, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, LAYERS]}}),
-     lambda t, d: sglang_cmd(t, d), "aux layers in depth"),
+     lambda t, d: sglang_cmd(t, d), "aux layers (SGLang)"),
     ("two layer ids only",
      lambda d: write_sglang_export(d, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4]}}),
      lambda t, d: sglang_cmd(t, d), "aux layer ids"),
     ("wrong draft path", lambda d: write_sglang_export(d),
      lambda t, d: sglang_cmd(t, d.parent / "some-other-draft"), "draft path"),
-    ("num-draft-tokens not steps+1 with topk 1", lambda d: write_sglang_export(d),
-     lambda t, d: sglang_cmd(t, d, steps=3, topk=1, ndt=8), "draft steps"),
+    ("topk without steps (SGLang's start-up assertion)", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d).replace("--speculative-num-steps 3 ", ""), "draft steps"),
+    ("export trained on other layers than SGLang captures",
+     lambda d: write_sglang_export(d, config={"curator": {"aux_layer_inputs": [1, 4, 5]}}),
+     lambda t, d: sglang_cmd(t, d), "aux layers (SGLang)"),
+    ("`vllm serve EXPORT` whose verifier is a local folder", lambda d: write_speculators_export(d, verifier="/models/t"),
+     lambda t, d: f"vllm serve {d} --port 8000", "verifier"),
+    ("vLLM short flag and the same key in --speculative-config", lambda d: write_speculators_export(d),
+     lambda t, d: vllm_cmd(t, d) + " --spec-tokens 2", "speculative config"),
     ("tree larger than topk allows", lambda d: write_sglang_export(d),
      lambda t, d: sglang_cmd(t, d, steps=2, topk=2, ndt=9), "draft steps"),
     ("speculators layout served by SGLang", lambda d: write_speculators_export(d),
@@ -240,3 +247,54 @@ def test_export_without_layer_ids_is_an_error_when_the_server_default_differs(tm
     assert not report.ok
     same = diagnose(draft, target, store=write_store(tmp_path / "same", LAYER_IDS))
     assert not [c for c in same.checks if c.status == "error"]
+
+
+def test_an_export_sglang_reads_as_trained_passes_and_says_which_layers(target: Path, tmp_path: Path) -> None:
+    # Llama target: SGLang adds 1 to the written ids [1, 3, 4] and captures the inputs of [2, 4, 5]
+    draft = write_sglang_export(tmp_path / "d", config={"curator": {"aux_layer_inputs": LAYER_IDS}})
+    report = diagnose(draft, target, launch=sglang_cmd(target, draft))
+    assert report.ok, report.errors
+    (sg,) = [c for c in report.checks if c.name == "aux layers (SGLang)"]
+    assert sg.status == "ok" and "[2, 4, 5]" in sg.detail and "plus-one" in sg.detail
+
+
+def test_the_same_ids_under_a_deepseek_target_are_read_as_inputs(tmp_path: Path) -> None:
+    # deepseek_v2 adds 1 only when the first id is 1: [1, 3, 4] -> [2, 4, 5], [2, 4, 5] -> as is
+    target = write_target(tmp_path / "ds", architectures=["DeepseekV3ForCausalLM"])
+    ok = write_sglang_export(tmp_path / "ok", config={"curator": {"aux_layer_inputs": LAYER_IDS}})
+    assert diagnose(ok, target).ok
+    off = write_sglang_export(tmp_path / "off", config={"curator": {"aux_layer_inputs": LAYER_IDS},
+                                                         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 3, 4]}})
+    assert "aux layers (SGLang)" in {c.name for c in diagnose(off, target).errors}
+
+
+def test_topk_one_with_other_draft_tokens_is_a_warning_because_sglang_adjusts_it(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft, steps=3, topk=1, ndt=8))
+    assert report.ok
+    (steps,) = [c for c in report.checks if c.name == "draft steps"]
+    assert steps.status == "warn" and "adjusts" in steps.detail
+
+
+def test_vllm_short_flags_are_read_and_kept_in_the_suggestion(tmp_path: Path, target: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    cmd = f"vllm serve {target} --spec-method eagle3 --spec-model {draft} --spec-tokens 3 --port 8000"
+    spec = parse_launch(cmd)
+    assert (spec.algorithm, spec.draft_path, spec.steps) == ("eagle3", str(draft), 3)
+    report = diagnose(draft, target, launch=cmd)
+    assert report.ok, report.errors
+    assert "--speculative-config" not in report.launch_command and "--spec-tokens 3" in report.launch_command
+    json_cmd = f"vllm serve {target} -sc '{{\"method\": \"eagle3\", \"model\": \"{draft}\", \"num_speculative_tokens\": 2}}'"
+    assert parse_launch(json_cmd).steps == 2 and diagnose(draft, target, launch=json_cmd).ok
+
+
+def test_vllm_serving_an_sglang_export_without_top_level_ids_is_an_error(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=vllm_cmd(target, good_draft))
+    assert "layout vs server" in {c.name for c in report.errors}
+    fixed = write_sglang_export(good_draft.parent / "fixed", config={"eagle_aux_hidden_state_layer_ids": LAYER_IDS})
+    assert diagnose(fixed, target, launch=vllm_cmd(target, fixed)).ok
+
+
+def test_a_local_verifier_is_flagged_even_without_a_launch_command(tmp_path: Path, target: Path) -> None:
+    report = diagnose(write_speculators_export(tmp_path / "spec", verifier=str(target)), target)
+    (verifier,) = [c for c in report.checks if c.name == "verifier"]
+    assert verifier.status == "warn" and "--verifier" in verifier.detail

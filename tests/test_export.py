@@ -42,6 +42,8 @@ def test_sglang_export_has_the_layout_sglang_loads(run_dir: Path, tmp_path: Path
     # SGLang adds 1 to a Llama target's ids (they are layer outputs there): inputs [1, 2, 3] are written [0, 1, 2]
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in AUX_LAYERS]
     assert cfg["curator"]["aux_layer_inputs"] == AUX_LAYERS
+    # vLLM serving this layout reads the top-level key first, as layer inputs
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX_LAYERS
     assert set(got) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
         f"midlayer.{name}.weight" for name in LAYER}
     assert got["fc.weight"] == (H, 3 * H) and got["lm_head.weight"] == (64, H) and got["d2t"] == (64,)

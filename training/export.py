@@ -11,6 +11,8 @@ speculators 0.9.0):
 - the speculators layout carries `embed_tokens.weight` (speculators' own checkpoints do, and its
   loader leaves a missing one uninitialised under transformers 5); the SGLang layout does not
   (SGLang shares the target's);
+- the SGLang layout also carries the ids, as layer inputs, at the top level of its config, the key
+  vLLM's model runners read first, so vLLM serving that layout feeds the trained layers too;
 - `speculators_config.verifier.name_or_path` is the target's Hub id, which vLLM resolves.
 """
 
@@ -145,6 +147,10 @@ def export_checkpoint(
             "draft_vocab_size": cfg.draft_vocab_size,
             "target_hidden_size": cfg.target_hidden_size,
             "eagle_config": eagle_config,
+            # vLLM serving this layout reads the top-level key first (both of its model runners), as
+            # layer inputs; SGLang's LlamaForCausalLMEagle3 reads only eagle_config's (the top-level
+            # one counts the aux layers there, and the count is the same)
+            "eagle_aux_hidden_state_layer_ids": ids,
             "curator": {**provenance, "sglang_layer_rule": sglang_rule(arch), "target_architecture": arch},
         }
     else:
