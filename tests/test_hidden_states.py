@@ -89,8 +89,8 @@ def test_loss_mask_of_turns_last_row_skips_context_answers(target: tuple[Any, An
     assert masked_text(tok, rec) == "return self<|end|>"
 
 
-def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[Any, Any]) -> None:
-    """Qwen3-style templates render reasoning only on the last answer: prefixes are not prefixes."""
+def reasoning_dropping_template(target: tuple[Any, Any]) -> tuple[Any, dict[str, Any]]:
+    """Return a tokenizer whose template renders reasoning only on the last answer, and a two-answer record."""
     _, tok = target
     tok2 = type(tok).from_pretrained(tok.name_or_path)
     tok2.chat_template = (
@@ -106,6 +106,12 @@ def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[An
         {"role": "user", "content": "print", "train": False},
         {"role": "assistant", "content": "yield token", "reasoning_content": "think data", "train": True},
     ]}
+    return tok2, rec
+
+
+def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[Any, Any]) -> None:
+    """Qwen3-style templates render reasoning only on the last answer: prefixes are not prefixes."""
+    tok2, rec = reasoning_dropping_template(target)
     # One row per generation: the first answer is trained in the context it was generated in
     # (with its own reasoning), never in the re-rendered history that drops that reasoning.
     rows = tokenize_rows(rec, tok2)
@@ -118,21 +124,7 @@ def test_a_record_split_into_rows_resumes_the_rows_a_kill_left_out(target: tuple
     """Rows of one record land in different shards: a kill can store `q` without `q#1`."""
     from training.hidden_states import ExtractStats, prepare_samples
 
-    _, tok = target
-    tok2 = type(tok).from_pretrained(tok.name_or_path)
-    tok2.chat_template = (
-        "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' }}"
-        "{% if m['role'] == 'assistant' and m.get('reasoning_content') and loop.last %}"
-        "{{ '<think>' + m['reasoning_content'] + '</think>' }}{% endif %}"
-        "{{ m['content'] + '<|end|>\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-    )
-    rec = {"id": "q", "messages": [
-        {"role": "user", "content": "def value", "train": False},
-        {"role": "assistant", "content": "return self", "reasoning_content": "hidden", "train": True},
-        {"role": "user", "content": "print", "train": False},
-        {"role": "assistant", "content": "yield token", "reasoning_content": "think data", "train": True},
-    ]}
+    tok2, rec = reasoning_dropping_template(target)
     stats = ExtractStats()
     left = [s.id for s in prepare_samples([rec], tok2, stats, done={"q"})]
     assert left == ["q#1"] and stats.already_done == 1

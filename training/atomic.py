@@ -43,3 +43,12 @@ def write_text(path: str | Path, text: str, *, fsync: bool = True) -> Path:
 def write_json(path: str | Path, obj: Any, *, fsync: bool = True, **dumps: Any) -> Path:
     """Write `obj` as JSON (`json.dumps(obj, **dumps)`) to `path` atomically."""
     return write_text(path, json.dumps(obj, **dumps), fsync=fsync)
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file, or a folder's entries (so that a rename in it survives a power cut), to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -42,21 +42,12 @@ TMP_MARK = atomic.TMP_MARK
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
     atomic.write_bytes(path, data)
-    _fsync_dir(path.parent)
+    atomic.fsync_path(path.parent)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write `obj` as indented JSON to `path`, atomically."""
     write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode())
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename itself must reach the disk, or a power cut could undo a "done" shard.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class UnstorableRecord(ValueError):

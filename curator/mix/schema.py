@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError
-from training.atomic import TMP_MARK, write_text
+from training.atomic import TMP_MARK, fsync_path, write_text
 from training.gen_record import tool_call_problem
 from training.diskspace import named_disk_full
 from training.outlock import OutputLock
@@ -266,14 +266,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class _Part:
     tmp: Path
@@ -316,7 +308,7 @@ class MixWriter:
         try:
             with named_disk_full(self.out_dir):
                 pq.write_table(table, tmp, compression="zstd")
-                _fsync(tmp)
+                fsync_path(tmp)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -331,9 +323,9 @@ class MixWriter:
         """Rename the parts into place, replace the manifest (the mix is now the new one), drop what it does not name."""
         for part in self.parts:
             os.replace(part.tmp, self.out_dir / part.name)
-        _fsync(self.out_dir)
+        fsync_path(self.out_dir)
         write_text(self.out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        _fsync(self.out_dir)
+        fsync_path(self.out_dir)
         (self.out_dir / LEGACY_MANIFEST).unlink(missing_ok=True)  # the new manifest is the one that counts
         named = {p.name for p in self.parts}
         for path in self.out_dir.glob(PART_GLOB):
