@@ -11,11 +11,11 @@ from curator.cli import main
 from fakes.openai_server import FakeOpenAIServer, write_mix
 
 
-def _run(tmp_path: Path, rows: list[dict]) -> dict:
+def _run(tmp_path: Path, rows: list[dict], exit_code: int = 0) -> dict:
     mix = write_mix(tmp_path / "mix", rows)
     with FakeOpenAIServer() as server:
         assert main(["generate", "--mix", str(mix), "--out", str(tmp_path / "gen"), "--model", "target",
-                     "--endpoint", server.url, "--catalog", str(tmp_path / "c.duckdb")]) == 0
+                     "--endpoint", server.url, "--catalog", str(tmp_path / "c.duckdb")]) == exit_code
     return json.loads((tmp_path / "gen" / "generation.json").read_text())
 
 
@@ -25,7 +25,9 @@ def _errors(tmp_path: Path) -> dict[str, str]:
 
 
 def test_a_run_where_every_row_failed_is_failed_not_complete(tmp_path: Path) -> None:
-    meta = _run(tmp_path, [{"id": f"p{i}", "messages": [{"role": "user", "content": f"POISON {i}"}]} for i in range(4)])
+    # and the command exits non-zero: a script must not go on to capture states of nothing
+    meta = _run(tmp_path, [{"id": f"p{i}", "messages": [{"role": "user", "content": f"POISON {i}"}]} for i in range(4)],
+                exit_code=1)
     assert meta["status"] == "failed" and meta["failed_rows"] == 4
     assert meta["stats"]["done_total"] == 0 and meta["stats"]["missing"] == 0
 

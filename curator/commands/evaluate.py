@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from curator.errors import ConfigError
 from curator.mix.prompts import mix_prompts
@@ -93,9 +94,9 @@ def render_eval(report: Any, wall_s: float) -> None:
              ("wall time (s)", wall_s)]
     console.print(summary_table("curator eval", rows))
     for reason, count in sorted(report.skipped.items()):
-        console.print(f"[yellow]skipped {count}: {reason}[/]")
+        console.print(f"[yellow]skipped {count}: {escape(reason)}[/]")
     if offline:
-        console.print(f"offline samples: {offline['split']}")
+        console.print(f"offline samples: {escape(str(offline['split']))}")
         agreement = sim.get("greedy_agreement")
         if agreement is not None and agreement < 0.99:
             console.print(f"[yellow]only {agreement:.1%} of the stored answer tokens are the target's greedy choice: "

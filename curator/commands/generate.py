@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rich.progress import Progress, TaskID, TextColumn
 
 from curator.catalog import Catalog
-from curator.errors import CatalogError, ConfigError
+from curator.errors import CatalogError, ConfigError, EndpointError
 from curator.generate import GenerateConfig, GenerationStats, Snapshot, generate
 from curator.ui import console, progress, summary_table
 
@@ -132,6 +132,8 @@ def generate_command(
             cat.record_generation_run(stats.run_id, str(mix), str(out), model, stats.endpoints, stats.as_dict())
     except CatalogError as exc:
         console.print(f"[yellow]warning:[/] the run is complete but was not recorded in the catalog: {escape(str(exc))}")
+    if stats.status == "failed":  # nothing to train on: a script must not carry on as if it worked
+        raise EndpointError(f"every row failed ({stats.errors_total}); the reasons are in {out / 'errors.jsonl'}")
 
 
 def register(app: typer.Typer) -> None:

@@ -49,7 +49,7 @@ def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> 
                                     {"train": result.train, "eval": result.eval, "vocab": result.vocab,
                                      "checkpoint": str(result.checkpoint), "step": result.step})
     except CatalogError as exc:
-        console.print(f"[yellow]warning:[/] the run was not recorded in the catalog: {exc}")
+        console.print(f"[yellow]warning:[/] the run was not recorded in the catalog: {escape(str(exc))}")
 
 
 def train(
@@ -62,7 +62,7 @@ def train(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in."),
 ) -> None:
-    """Train an EAGLE-3 draft with training-time test: `curator train --config FILE [key=value ...]`.
+    """Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.
 
     The same arguments work under torchrun, and as `python -m training.trainer` on a GPU node
     without the curator package. The run directory keeps the resolved options as train_config.json.
