@@ -32,7 +32,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from training.draft import Eagle3Draft, KVCache
 from training.errors import ModelMismatchError, TrainingError
-from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens
+from training.batches import split_eval
+from training.objective import offline_metrics
+from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens, simulate_acceptance
+from training.store import HiddenStateStore
+from training.target_head import TargetHead
 
 
 class GreedyMismatchError(TrainingError):
@@ -497,7 +501,6 @@ class HeldOutSplit:
         with a separate held-out store trained on every sample of its training store: that store
         is refused, and another store loses the ids the training store has.
         """
-        from training.batches import split_eval
 
         path = str(Path(data).resolve())
         if not self.eval_store:
@@ -516,8 +519,7 @@ class HeldOutSplit:
                 f"{data} is not the run's held-out store ({self.eval_store}), and its training store "
                 f"{self.train_store or '(unknown)'} is gone: which samples trained cannot be checked"
             )
-        from training.store import HiddenStateStore
-
+    
         trained = set(HiddenStateStore.open(self.train_store).ids())
         unseen = [sid for sid in ids if sid not in trained]
         return unseen, f"another store; {len(ids) - len(unseen)} sample id(s) that trained left out"
@@ -562,10 +564,6 @@ def offline_estimate(
 ) -> dict[str, Any]:
     """Return both offline estimates on the store's held-out samples (as the checkpoint split them):
     the simulated decoding (`simulated`, the figure to trust) and the teacher-forced acc/cond_acc."""
-    from training.objective import offline_metrics
-    from training.simulate import simulate_acceptance
-    from training.store import HiddenStateStore
-    from training.target_head import TargetHead
 
     store = HiddenStateStore.open(store_path)
     if not store.meta.has_final:
