@@ -50,7 +50,7 @@ COMMAND_HELP = {
     "generate": "Regenerate every answer of a mix through the target model; resumes by sample id.",
     "plan": "Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk.",
     "hidden-states": "Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store.",
-    "train": "Train an EAGLE-3 draft with training-time test: `curator train --config FILE [key=value ...]`.",
+    "train": "Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.",
     "export": "Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering.",
     "eval": "Measure acceptance length with real speculative decoding (target verifies, output = greedy).",
     "doctor": "Check a draft export, its fit with the target and data, and a server launch command.",

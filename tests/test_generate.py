@@ -306,7 +306,7 @@ def test_request_timeout_and_max_attempts_flags_bound_a_hung_server(tmp_path: Pa
                      "--request-timeout", "0.3", "--max-attempts", "2", "--concurrency", "2",
                      "--catalog", str(tmp_path / "c.duckdb")])
         chats = server.stats()["chat_requests"]
-    assert code == 0
+    assert code == 1  # every row failed: the run says so in its exit code
     errors = error_lines(out)
     assert sorted(e["id"] for e in errors) == ["q0", "q1"]
     assert all("timed out" in e["error"] and e["attempts"] == 2 for e in errors)
