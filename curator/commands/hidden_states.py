@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -15,8 +14,7 @@ from curator.ui import console, human_bytes, progress, quiet_library_progress, r
 if TYPE_CHECKING:  # the model side imports torch: only a command that runs pays for it
     from training.chat_tokens import GenerationReadStats
     from training.hidden_states import ExtractStats
-    from training.plan import DiskPlan, ModelShape
-    from training.store import StoreMeta
+    from training.plan import DiskPlan
 
 DEFAULT_SHARED_DIR = "/tmp/curator-hidden-states"
 
@@ -29,21 +27,6 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
         return [int(x) for x in text.replace(" ", ",").split(",") if x]
     except ValueError as exc:
         raise ConfigError(f"--layers takes comma-separated integers like 2,30,58, not {text!r}") from exc
-
-
-def load_tokenizer(model_dir: Path) -> Any | None:
-    """Return the target's tokenizer when `model_dir` holds one, else None."""
-    if not model_dir.is_dir() or not any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def _remaining(gen_dir: Path, done: set[str], stats: GenerationReadStats | None = None) -> Any:
-    from training.chat_tokens import iter_generation
-
-    return (r for r in iter_generation(gen_dir, stats) if r["id"] not in done)
 
 
 def plan_rows(plan: DiskPlan) -> list[tuple[str, object]]:
@@ -108,6 +91,8 @@ def plan(
     if data is not None:
         generation_files(data)
         read = GenerationReadStats()
+        from curator.capture import load_tokenizer
+
         tokenizer = load_tokenizer(Path(model))
         with console.status("measuring sample lengths"):
             lengths, how, bad = data_lengths(iter_generation(data, read), tokenizer)
@@ -129,24 +114,6 @@ def plan(
             ],
         )
     )
-
-
-def _check_disk(
-    shape: ModelShape, tokenizer: Any, data: Path, out: Path, done: set[str], meta: StoreMeta, max_len: Optional[int]
-) -> int:
-    """Raise when the rest of the run will not fit at `out`; return the samples still to capture."""
-    from training.plan import data_lengths, make_plan, refuse_if_it_will_not_fit
-
-    with console.status("planning the disk (measuring the remaining samples)"):
-        lengths, how, _ = data_lengths(_remaining(data, done), tokenizer)
-    if not lengths:
-        return 0
-    result = make_plan(
-        shape, lengths=lengths, max_len=max_len, dtype=meta.dtype, n_aux=len(meta.aux_layer_ids),
-        has_final=meta.has_final, out_dir=out, lengths_from=how,
-    )
-    refuse_if_it_will_not_fit(result)
-    return len(lengths)
 
 
 def summary_rows(stats: ExtractStats, out: Path, backend: str, read: GenerationReadStats) -> list[tuple[str, object]]:
@@ -192,81 +159,30 @@ def hidden_states(
     print_server_command: bool = typer.Option(False, "--print-server-command", help="Print the `vllm serve` command for this target and exit."),
 ) -> None:
     """Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store."""
-    from training.chat_tokens import GenerationReadStats, generation_files
-    from training.hidden_states import store_meta
-    from training.plan import load_shape
-    from training.store import read_index
-    from training.target_config import read_target_config
+    from curator.capture import CaptureSettings, capture_hidden_states
+    from training.chat_tokens import GenerationReadStats
 
-    if dtype not in ("bf16", "fp8"):
-        raise ConfigError(f"--dtype must be bf16 or fp8, not {dtype!r}")
-    if backend not in ("transformers", "vllm"):
-        raise ConfigError(f"--backend must be transformers or vllm, not {backend!r}")
     layer_ids = parse_layers(layers)
-    local = target_dir or (Path(model) if Path(model).is_dir() else None)
     if print_server_command:
+        local = target_dir or (Path(model) if Path(model).is_dir() else None)
         _print_server_command(model, local, layer_ids, not no_final, shared_dir, port, tensor_parallel)
         return
     if data is None or out is None:
         raise ConfigError("--data GEN_DIR and --out DIR are required (except with --print-server-command)")
-    if local is None:
-        raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config and tokenizer")
-    generation_files(data)
-    tokenizer = load_tokenizer(local)
-    if tokenizer is None:
-        raise ConfigError(f"{local} has no tokenizer; the chat template of the target is needed to tokenise")
-    shape = load_shape(local)
-    cfg = read_target_config(local)
-    meta = store_meta(cfg, tokenizer, target=model, layer_ids=layer_ids, dtype=dtype, has_final=not no_final,
-                      extra={"backend": backend, "max_len": max_len})
-    done: set[str] = set()
-    if (out / "meta.json").exists():
-        stored, skipped = read_index(out)
-        done = set(stored) | set(skipped)
-    total = _check_disk(shape, tokenizer, data, out, done, meta, max_len) if not force else None
+    settings = CaptureSettings(
+        model=model, data=data, out=out, target_dir=target_dir, layer_ids=layer_ids, dtype=dtype,
+        has_final=not no_final, max_len=max_len, batch_tokens=batch_tokens, backend=backend,
+        endpoints=endpoint or [], concurrency=concurrency, retries=retries, path_map=path_map, check_disk=not force,
+    )
     read = GenerationReadStats()
     quiet_library_progress()
+    if not force:
+        console.print("[dim]planning the disk (measuring the samples left to capture)[/]")
     with progress() as bar:
-        task = bar.add_task("hidden states", total=total)
-        if backend == "transformers":
-            from training.hidden_states import run
-
-            stats = run(local, data, out, layer_ids=meta.aux_layer_ids, dtype=dtype, has_final=not no_final,
-                        max_len=max_len, batch_tokens=batch_tokens, read_stats=read,
-                        on_batch=lambda n, _t: bar.advance(task, n))
-        else:
-            stats = _run_vllm(model, local, endpoint or [], concurrency, retries, path_map, tokenizer, data, out, meta,
-                              max_len, read, lambda _t: bar.advance(task, 1))
+        task = bar.add_task("hidden states", total=None)
+        stats = capture_hidden_states(settings, read=read, on_total=lambda n: bar.update(task, total=n),
+                                      on_samples=lambda n: bar.advance(task, n))
     console.print(summary_table("hidden states", summary_rows(stats, out, backend, read)))
-
-
-def _run_vllm(
-    model: str, local: Path, endpoints: list[str], concurrency: int, retries: int, path_map: Optional[str], tokenizer: Any,
-    data: Path, out: Path, meta: StoreMeta, max_len: Optional[int], read: GenerationReadStats, on_sample: Any,
-) -> ExtractStats:
-    from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
-    from training.chat_tokens import iter_generation
-    from training.hidden_states import merge_index
-    from training.store import claim_store
-
-    mapping = None
-    if path_map:
-        if "=" not in path_map:
-            raise ConfigError("--path-map takes ENGINE_DIR=LOCAL_DIR")
-        src, dst = path_map.split("=", 1)
-        mapping = (src, dst)
-    if concurrency < 1 or retries < 0:
-        raise ConfigError("--concurrency must be at least 1 and --retries at least 0")
-    opts = VllmOptions(endpoints=[e.rstrip("/") for e in endpoints], model=model, concurrency=concurrency,
-                       retries=retries, path_map=mapping, api_key=api_key_from_env())
-    norm = load_final_norm(local) if meta.has_final else None
-    with claim_store(out):  # one run per store; what a killed run left is removed first
-        stats = asyncio.run(
-            extract_vllm(opts, tokenizer, iter_generation(data, read), out, meta, norm=norm, max_len=max_len,
-                         on_sample=on_sample)
-        )
-        merge_index(out)
-    return stats
 
 
 def _print_server_command(

@@ -357,10 +357,11 @@ class Demo:
                 "--out", str(self.w / "states")]
 
         def fn() -> dict[str, Any]:
-            from training.hidden_states import run
+            from curator.capture import CaptureSettings, capture_hidden_states
             from training.store import HiddenStateStore
 
-            run(self.w / "target", self.w / "gen", self.w / "states")
+            capture_hidden_states(CaptureSettings(model=str(self.w / "target"), data=self.w / "gen",
+                                                  out=self.w / "states"))
             store = HiddenStateStore.open(self.w / "states")
             return {"samples": len(store), "tokens": store.total_tokens(), "bytes": store.disk_bytes(),
                     "layers": store.meta.aux_layer_ids}

@@ -1,0 +1,141 @@
+"""The hidden-states stage as one library call: check the inputs, plan the disk for what is left,
+then capture with the chosen backend (transformers in this process, or vLLM servers).
+
+`curator hidden-states` and the demo call `capture_hidden_states`; the command only parses flags
+and draws progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from curator.errors import ConfigError
+from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
+from training.hidden_states import ExtractStats, merge_index, store_meta
+from training.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
+from training.store import StoreMeta, claim_store, read_index
+from training.target_config import read_target_config
+
+BACKENDS = ("transformers", "vllm")
+DTYPES = ("bf16", "fp8")
+
+
+@dataclass
+class CaptureSettings:
+    """What one capture run is asked to do (the flags of `curator hidden-states`)."""
+
+    model: str  # local model folder, or the served name with target_dir set (vllm)
+    data: Path  # generation output
+    out: Path  # the store
+    target_dir: Path | None = None  # local folder with config, tokenizer, norm weights
+    layer_ids: list[int] | None = None  # layer inputs; None: the default
+    dtype: str = "bf16"
+    has_final: bool = True
+    max_len: int | None = None
+    batch_tokens: int = 16384
+    backend: str = "transformers"
+    endpoints: list[str] = field(default_factory=list)  # vllm
+    concurrency: int = 8  # vllm requests in flight per endpoint
+    retries: int = 4  # vllm
+    path_map: str | None = None  # vllm: ENGINE_DIR=LOCAL_DIR
+    check_disk: bool = True
+
+    @property
+    def local(self) -> Path | None:
+        """Return the local target folder, if there is one."""
+        return self.target_dir or (Path(self.model) if Path(self.model).is_dir() else None)
+
+
+def load_tokenizer(model_dir: Path) -> Any | None:
+    """Return the target's tokenizer when `model_dir` holds one, else None."""
+    if not model_dir.is_dir() or not any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _check(s: CaptureSettings) -> Path:
+    if s.dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be bf16 or fp8, not {s.dtype!r}")
+    if s.backend not in BACKENDS:
+        raise ConfigError(f"--backend must be transformers or vllm, not {s.backend!r}")
+    if s.local is None:
+        raise ConfigError(f"{s.model} is not a local directory: pass --target-dir with the target's config and tokenizer")
+    if s.backend == "vllm" and (s.concurrency < 1 or s.retries < 0):
+        raise ConfigError("--concurrency must be at least 1 and --retries at least 0")
+    if s.path_map is not None and "=" not in s.path_map:
+        raise ConfigError("--path-map takes ENGINE_DIR=LOCAL_DIR")
+    generation_files(s.data)
+    return s.local
+
+
+def remaining_samples(
+    shape: ModelShape, tokenizer: Any, data: Path, out: Path, done: set[str], meta: StoreMeta, max_len: int | None
+) -> int:
+    """Raise when the rest of the run will not fit at `out`; return the samples still to capture."""
+    left: Iterator[dict[str, Any]] = (r for r in iter_generation(data) if r["id"] not in done)
+    lengths, how, _ = data_lengths(left, tokenizer)
+    if not lengths:
+        return 0
+    result = make_plan(shape, lengths=lengths, max_len=max_len, dtype=meta.dtype, n_aux=len(meta.aux_layer_ids),
+                       has_final=meta.has_final, out_dir=out, lengths_from=how)
+    refuse_if_it_will_not_fit(result)
+    return len(lengths)
+
+
+def capture_hidden_states(
+    s: CaptureSettings,
+    *,
+    read: GenerationReadStats | None = None,
+    on_total: Callable[[int | None], None] | None = None,
+    on_samples: Callable[[int], None] | None = None,
+) -> ExtractStats:
+    """Capture the generation output `s.data` into the store `s.out` (resuming it); return the counts.
+
+    `on_total` gets the samples still to capture once the disk is planned (None without the
+    check); `on_samples` gets each batch's count as it is stored.
+    """
+    local = _check(s)
+    read = read if read is not None else GenerationReadStats()
+    tokenizer = load_tokenizer(local)
+    if tokenizer is None:
+        raise ConfigError(f"{local} has no tokenizer; the chat template of the target is needed to tokenise")
+    meta = store_meta(read_target_config(local), tokenizer, target=s.model, layer_ids=s.layer_ids, dtype=s.dtype,
+                      has_final=s.has_final, extra={"backend": s.backend, "max_len": s.max_len})
+    done: set[str] = set()
+    if (s.out / "meta.json").exists():
+        stored, skipped = read_index(s.out)
+        done = set(stored) | set(skipped)
+    total = remaining_samples(load_shape(local), tokenizer, s.data, s.out, done, meta, s.max_len) if s.check_disk else None
+    if on_total is not None:
+        on_total(total)
+    advance = on_samples or (lambda _n: None)
+    if s.backend == "transformers":
+        from training.hidden_states import run
+
+        return run(local, s.data, s.out, layer_ids=meta.aux_layer_ids, dtype=s.dtype, has_final=s.has_final,
+                   max_len=s.max_len, batch_tokens=s.batch_tokens, read_stats=read,
+                   on_batch=lambda n, _tokens: advance(n))
+    return _capture_vllm(s, local, tokenizer, meta, read, advance)
+
+
+def _capture_vllm(
+    s: CaptureSettings, local: Path, tokenizer: Any, meta: StoreMeta, read: GenerationReadStats,
+    advance: Callable[[int], None],
+) -> ExtractStats:
+    from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
+
+    mapping = tuple(s.path_map.split("=", 1)) if s.path_map else None
+    opts = VllmOptions(endpoints=[e.rstrip("/") for e in s.endpoints], model=s.model, concurrency=s.concurrency,
+                       retries=s.retries, path_map=mapping, api_key=api_key_from_env())
+    norm = load_final_norm(local) if meta.has_final else None
+    with claim_store(s.out):  # one run per store; what a killed run left is removed first
+        stats = asyncio.run(extract_vllm(opts, tokenizer, iter_generation(s.data, read), s.out, meta, norm=norm,
+                                         max_len=s.max_len, on_sample=lambda _t: advance(1)))
+        merge_index(s.out)
+    return stats
