@@ -30,13 +30,16 @@ def _run(args: list[str], cwd: Path | None = None, **env: str) -> tuple[subproce
     return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["train"]], ids=["help", "train-without-arguments"])
+@pytest.mark.parametrize("args", [["--help"], ["train"], ["generate"], ["doctor"], ["eval"]],
+                         ids=["help", "train-without-arguments", "generate-usage", "doctor-usage", "eval-usage"])
 def test_help_and_a_usage_error_come_without_loading_torch(args: list[str]) -> None:
     # CPU seconds, not wall time: the machine is shared, and a busy neighbour must not fail this
     done, cpu_s = _run(args)
     assert cpu_s < 1.5, f"curator {' '.join(args)} took {cpu_s:.2f} s of CPU"
     if args == ["train"]:
         assert done.returncode == 1 and "set data, target, out" in done.stderr
+    elif args != ["--help"]:
+        assert done.returncode == 2 and "Missing option" in done.stderr
 
 
 def test_building_the_app_and_listing_every_command_imports_no_model_code() -> None:

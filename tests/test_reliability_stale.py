@@ -12,6 +12,7 @@ from pathlib import Path
 
 from curator.cli import main
 from curator.mix.schema import MANIFEST
+from test_reliability_publish import KILL_AFTER_RENAMES  # the same kill point: after the k-th part rename
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,19 +46,6 @@ def test_store_leftovers_are_not_counted_and_are_removed_by_the_next_run(tiny_ta
     assert reopened.disk_bytes() == sum(p.stat().st_size for p in shards.glob("*.safetensors"))
 
 
-KILL_AFTER_RENAMES = """
-import os, signal, sys
-real, count, k = os.replace, [0], int(sys.argv[1])
-def replace(src, dst, *args, **kwargs):
-    real(src, dst, *args, **kwargs)
-    if os.path.basename(str(dst)).startswith("part-"):
-        count[0] += 1
-        if count[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-os.replace = replace
-from curator.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
 
 
 def test_a_killed_builds_parts_are_removed_by_the_next_build(tmp_path: Path) -> None:

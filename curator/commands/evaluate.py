@@ -10,7 +10,6 @@ import typer
 from rich.markup import escape
 
 from curator.errors import ConfigError
-from curator.mix.prompts import mix_prompts
 from curator.ui import console, progress, rows_table, summary_table
 from training.atomic import write_json
 
@@ -46,6 +45,8 @@ def eval_command(
     if topk > 1 and num_draft_tokens is None:
         raise ConfigError("--topk > 1 needs --num-draft-tokens: give the server's --speculative-num-draft-tokens")
     split = held_out_split(draft) if data is not None else None  # refuse before the long decoding
+    from curator.mix.prompts import mix_prompts  # reads the mix package (datasketch, scipy): only a run pays
+
     all_prompts, malformed = mix_prompts(prompts) if prompts.is_dir() else load_prompt_file(prompts)
     chosen = spread_by_category(all_prompts, limit)
     if not chosen:

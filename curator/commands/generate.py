@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 from pydantic import ValidationError
 from rich.progress import Progress, TaskID, TextColumn
 
-from curator.catalog import Catalog
 from curator.errors import CatalogError, ConfigError, EndpointError
-from curator.generate import GenerateConfig, GenerationStats, Snapshot, generate
 from curator.ui import console, progress, summary_table
+
+if TYPE_CHECKING:  # the generate stage imports torch (token-exact rendering): only a run pays for it
+    from curator.generate import GenerationStats, Snapshot
 
 
 class _LiveProgress:
@@ -112,6 +113,8 @@ def generate_command(
 ) -> None:
     """Regenerate every answer of a mix through the target model; resumes by sample id."""
     try:
+        from curator.generate import GenerateConfig
+
         config = GenerateConfig(
             mix=mix, out=out, model=model, endpoints=endpoint, backend=backend, concurrency=concurrency,
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_body=_parse_extra_body(extra_body),
@@ -122,6 +125,9 @@ def generate_command(
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(f"--{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}") from exc
+    from curator.catalog import Catalog
+    from curator.generate import generate
+
     bar = progress(TextColumn("{task.fields[info]}"))
     with bar:
         stats = generate(config, on_progress=_LiveProgress(bar))
