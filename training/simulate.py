@@ -458,6 +458,7 @@ def simulated_eval(
     overall = AcceptanceStats.from_histogram([int(c) for c in counts.sum(0).tolist()])
     return {
         "sim_accept_length": overall.acceptance_length,
+        "sim_steps": overall.steps,  # the chain's length K: the figure is at most K + 1
         "sim_per_position": [r["rate"] for r in overall.position_rates()],
         "sim_categories": {n: s.acceptance_length for n, s in per_category.items() if s.forwards},
     }

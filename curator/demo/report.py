@@ -196,10 +196,12 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("acceptance length, agentic prompts", f"{report.acceptance_agentic:.2f}"))
     if report.acceptance_length_estimated is not None:
         rows.append(("acceptance length, estimated", f"{report.acceptance_length_estimated:.2f}"))
-    simulated = [r["sim_accept_length"] for r in report.train_log
-                 if r.get("split") == "eval" and r.get("sim_accept_length") is not None]
-    if simulated:
-        rows.append(("acceptance length, simulated in training", " -> ".join(f"{v:.2f}" for v in simulated)))
+    evals = [r for r in report.train_log if r.get("split") == "eval" and r.get("sim_accept_length") is not None]
+    if evals:
+        # a chain of the trainer's TTT steps, which may be longer than eval's K
+        k = evals[-1].get("sim_steps")
+        rows.append((f"acceptance length, simulated in training{f' (K={k})' if k else ''}",
+                     " -> ".join(f"{r['sim_accept_length']:.2f}" for r in evals)))
     if report.warnings:
         rows.append(("warnings", str(len(report.warnings))))
     return rows
