@@ -134,12 +134,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """Return the config in `path` with non-None `overrides` applied."""
-    return TrainConfig.from_dict(read_config_file(path)).replace(**overrides)
-
-
-
 REQUIRED = ("data", "target", "out")
 
 
