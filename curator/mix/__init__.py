@@ -1,7 +1,25 @@
-"""Mixes: recipes, row formats, dedup and the build of a prompt mix."""
+"""Mixes: recipes, row formats, dedup and the build of a prompt mix.
 
-from curator.mix.build import build_mix, recipe_from_catalog
-from curator.mix.recipe import Recipe, load_recipe, recipe_from_dict
-from curator.mix.schema import Mix, open_mix, read_manifest
+The names below load on first use: reading a mix (`curator.mix.schema`) must not import the
+build's dependencies (datasketch, datasets), which the GPU stages' machines need not have.
+"""
 
-__all__ = ["Mix", "Recipe", "build_mix", "load_recipe", "open_mix", "read_manifest", "recipe_from_catalog", "recipe_from_dict"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "build_mix": "curator.mix.build", "recipe_from_catalog": "curator.mix.build",
+    "Recipe": "curator.mix.recipe", "load_recipe": "curator.mix.recipe", "recipe_from_dict": "curator.mix.recipe",
+    "Mix": "curator.mix.schema", "open_mix": "curator.mix.schema", "read_manifest": "curator.mix.schema",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'curator.mix' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
