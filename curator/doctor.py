@@ -113,6 +113,8 @@ class LaunchSpec:
     topk: int | None = None
     num_draft_tokens: int | None = None
     short_flags: bool = False  # vLLM's --spec-method/--spec-model/--spec-tokens were used
+    serves_export: bool = False  # `vllm serve EXPORT`: vLLM builds the speculative config from the export
+    export_steps: int | None = None  # then: the export's own speculative_tokens
     problems: list[Check] = field(default_factory=list)
 
 
@@ -586,7 +588,6 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
     """Return checks of a launch command against this draft (algorithm, path, step settings)."""
     checks = list(spec.problems)
     h = target_hidden or layout.hidden_size or 0
-    algo = (spec.algorithm or "").upper()
     if spec.engine == "sglang" and layout.fmt == "speculators":
         checks.append(Check("layout vs server", "error",
                             "SGLang picks the draft's class from config.json `architectures` and has no "
@@ -597,13 +598,8 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
     # config, the verifier is not read
     serves_export = spec.target is not None and _same_path(spec.target, layout.path) == "ok"
     if spec.engine == "vllm" and layout.fmt == "speculators" and serves_export:
-        verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
-        from training.export import is_hub_id
-
-        if not is_hub_id(verifier):
-            checks.append(Check("verifier", "error",
-                                f"`vllm serve` on the export serves its verifier, {verifier!r}: not a Hub repository "
-                                "id, which vLLM requires; re-export with curator export --verifier ORG/NAME"))
+        checks.extend(_resolve_served_export(spec, layout, target))
+    algo = (spec.algorithm or "").upper()
     if spec.engine == "vllm" and layout.fmt == "sglang" and layout.config.get("eagle_aux_hidden_state_layer_ids") is None:
         checks.append(Check("layout vs server", "error",
                             "vLLM serves this layout as Eagle3LlamaForCausalLM but reads its layer ids from the "
@@ -632,7 +628,7 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
                   "error": f"{spec.draft_path} is not this draft ({layout.path})"}[status]
         checks.append(Check("draft path", status, detail))
 
-    if target is not None:
+    if target is not None and not spec.serves_export:
         if spec.target is None:
             checks.append(Check("target model", "error", "the command names no target model"))
         else:
@@ -642,6 +638,61 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
                       "error": f"the command serves {spec.target}, but the draft was checked against {target}"}[status]
             checks.append(Check("target model", status, detail))
     checks.extend(_check_step_settings(spec))
+    return checks
+
+
+def _resolve_served_export(spec: LaunchSpec, layout: DraftLayout, target: str | Path | None) -> list[Check]:
+    """Fill `spec` with what vLLM makes of `vllm serve EXPORT`, and return the checks of that form.
+
+    vLLM 0.33 (transformers_utils/config.py `maybe_override_with_speculators`, configs/speculators/
+    base.py) reads the export's config.json: the method is `speculators_model_type` and the draft
+    is the export, whatever --speculative-config says (both are locked); num_speculative_tokens is
+    `proposal_methods[0].speculative_tokens` unless --speculative-config sets it; the served model
+    and tokenizer become `verifier.name_or_path`, which must be a Hub repository id and not a
+    local path. It refuses a config without proposal_methods, speculative_tokens or
+    transformer_layer_config.
+    """
+    from training.export import is_hub_id
+
+    checks: list[Check] = []
+    spec.serves_export = True
+    config = layout.config
+    sconf = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
+    methods = sconf.get("proposal_methods")
+    first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
+    tokens = spec.export_steps = _int_or_none(first.get("speculative_tokens"))
+    if tokens is None or not isinstance(config.get("transformer_layer_config"), dict):
+        checks.append(Check("speculators config", "error",
+                            "vLLM refuses this export at start-up: its config.json needs speculators_config."
+                            "proposal_methods[0].speculative_tokens and a transformer_layer_config; re-export it"))
+    method = config.get("speculators_model_type")
+    if spec.algorithm is not None and str(spec.algorithm).lower() != str(method).lower():
+        checks.append(Check("speculative config", "warn",
+                            f"method {spec.algorithm!r} is ignored: vLLM takes {method!r} from the export"))
+    if spec.draft_path is not None and _same_path(spec.draft_path, layout.path) != "ok":
+        checks.append(Check("speculative config", "warn",
+                            f"model {spec.draft_path!r} is ignored: vLLM drafts with the export it serves"))
+    spec.algorithm, spec.draft_path = (str(method) if method else None), str(layout.path)
+    if spec.steps is None and tokens is not None:
+        spec.steps, spec.topk, spec.num_draft_tokens = tokens, 1, tokens + 1
+
+    verifier = str((sconf.get("verifier") or {}).get("name_or_path") or "")
+    if not is_hub_id(verifier):
+        checks.append(Check("verifier", "error",
+                            f"`vllm serve` on the export serves its verifier, {verifier!r}: not a Hub repository "
+                            "id (or a local path too), which vLLM refuses; re-export with curator export "
+                            "--verifier ORG/NAME, or serve the target with --speculative-config"))
+        return checks
+    spec.target = verifier
+    checks.append(Check("launch form", "ok",
+                        f"`vllm serve EXPORT`: vLLM serves the verifier {verifier} with this draft "
+                        f"({method}, {spec.steps} tokens per step)"))
+    if target is not None:
+        same_name = Path(str(target).rstrip("/")).name.lower() == verifier.rsplit("/", 1)[-1].lower()
+        checks.append(Check("target model", "warn",
+                            f"vLLM downloads the verifier {verifier} from the Hub; the draft was checked against "
+                            f"{target}" + ("" if same_name else ", whose folder name differs")
+                            + ": make sure they are the same model and revision"))
     return checks
 
 
@@ -683,7 +734,8 @@ def _check_step_settings(spec: LaunchSpec) -> list[Check]:
 def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec: LaunchSpec | None = None) -> str:
     """Return a launch command that serves this draft correctly, keeping the user's other flags."""
     engine = spec.engine if spec else ("vllm" if layout.fmt == "speculators" else "sglang")
-    model = str(target) if target is not None else (spec.target if spec and spec.target else None)
+    # a `vllm serve EXPORT` that cannot resolve its verifier names the export, not a target
+    model = str(target) if target is not None else (spec.target if spec and spec.target and not spec.serves_export else None)
     if model is None:
         verifier = (layout.config.get("speculators_config") or {}).get("verifier") or {}
         model = verifier.get("name_or_path") or "TARGET_MODEL_PATH"
@@ -694,6 +746,11 @@ def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec
     else:
         ndt = steps + 1 if topk == 1 else min(1 + topk + (steps - 1) * topk * topk, 2 * steps + 2)
     draft = str(layout.path)
+    if engine == "vllm" and spec is not None and spec.serves_export and spec.target != str(layout.path):
+        # `vllm serve EXPORT` resolved to a Hub verifier: keep that form, with the user's own options
+        kept = _kept_args(spec, {"--speculative-config", "-sc", "--model", *_VLLM_SHORT})
+        own = ["--speculative-config", json.dumps({"num_speculative_tokens": steps})] if steps != spec.export_steps else []
+        return shlex.join(["vllm", "serve", draft, *kept, *own])
     if engine == "vllm":
         dropped = {"--speculative-config", "-sc", "--model", "--speculative-model", "--num-speculative-tokens", *_VLLM_SHORT}
         kept = _kept_args(spec, dropped) if spec else []

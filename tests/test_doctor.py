@@ -298,3 +298,45 @@ def test_a_local_verifier_is_flagged_even_without_a_launch_command(tmp_path: Pat
     report = diagnose(write_speculators_export(tmp_path / "spec", verifier=str(target)), target)
     (verifier,) = [c for c in report.checks if c.name == "verifier"]
     assert verifier.status == "warn" and "--verifier" in verifier.detail
+
+
+def test_vllm_serve_export_is_a_complete_launch(tmp_path: Path, target: Path) -> None:
+    # vLLM 0.33 takes the method, the draft and the token count from the export and serves its verifier
+    draft = write_speculators_export(tmp_path / "spec")
+    report = diagnose(draft, target, launch=f"vllm serve {draft} --port 8000")
+    assert report.ok, [(c.name, c.detail) for c in report.errors]
+    checks = {c.name: c for c in report.checks}
+    assert checks["launch form"].status == "ok" and "org/target" in checks["launch form"].detail
+    assert checks["draft steps"].detail.startswith("3 tokens")
+    assert checks["target model"].status == "warn" and "from the Hub" in checks["target model"].detail
+    assert shlex.split(report.launch_command) == ["vllm", "serve", str(draft), "--port", "8000"]
+
+
+def test_vllm_serve_export_keeps_the_users_token_count_and_warns_on_locked_fields(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    own = json.dumps({"method": "eagle", "num_speculative_tokens": 5})
+    report = diagnose(draft, launch=f"vllm serve {draft} -sc {shlex.quote(own)}")
+    assert report.ok, report.errors
+    checks = {c.name: c for c in report.checks}
+    assert checks["algorithm"].detail == "eagle3" and checks["draft steps"].detail.startswith("5 tokens")
+    assert checks["speculative config"].status == "warn" and "'eagle' is ignored" in checks["speculative config"].detail
+    fixed = shlex.split(report.launch_command)
+    assert fixed[:3] == ["vllm", "serve", str(draft)] and json.loads(fixed[-1]) == {"num_speculative_tokens": 5}
+
+
+def test_vllm_serve_export_without_proposal_methods_is_refused(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    config = json.loads((draft / "config.json").read_text())
+    del config["speculators_config"]["proposal_methods"]
+    (draft / "config.json").write_text(json.dumps(config))
+    report = diagnose(draft, launch=f"vllm serve {draft}")
+    assert "speculators config" in {c.name for c in report.errors}
+
+
+def test_vllm_serve_export_with_a_local_verifier_suggests_serving_it_explicitly(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec", verifier="/models/t")
+    report = diagnose(draft, launch=f"vllm serve {draft} --port 8000")
+    assert "verifier" in {c.name for c in report.errors}
+    fixed = shlex.split(report.launch_command)
+    assert fixed[:3] == ["vllm", "serve", "/models/t"] and "--port" in fixed
+    assert json.loads(fixed[-1]) == {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}

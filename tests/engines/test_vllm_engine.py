@@ -75,3 +75,27 @@ def test_an_equal_vocab_export_has_no_d2t_because_vllm_has_nowhere_to_put_it(ful
     fresh = DraftSkeleton(parsed_config(export).to_dict(), TARGET_H, target_vocab(sharp_target))
     with pytest.raises((KeyError, ValueError), match="draft_id_to_target_id"):
         fresh.load_weights(iter(weights.items()))
+
+
+@pytest.mark.parametrize("user_config", [None, {"num_speculative_tokens": 5}, {"method": "eagle", "model": "/elsewhere"}],
+                         ids=["bare", "own-tokens", "locked-fields"])
+def test_doctor_resolves_vllm_serve_export_as_vllm_does(run_dir: Path, tmp_path: Path, user_config: dict | None) -> None:
+    # `vllm serve EXPORT [--speculative-config ...]`: vLLM's own resolution against the doctor's
+    import shlex
+
+    from vllm.transformers_utils.config import maybe_override_with_speculators
+
+    from curator.doctor import check_launch, diagnose, parse_launch, read_draft
+
+    export = export_checkpoint(run_dir, tmp_path / "spec", fmt="speculators", verifier="org/target")
+    model, tokenizer, resolved = maybe_override_with_speculators(
+        model=str(export), tokenizer=None, trust_remote_code=False, vllm_speculative_config=user_config)
+    command = f"vllm serve {export} --port 8000" + (f" -sc {shlex.quote(json.dumps(user_config))}" if user_config else "")
+    spec = parse_launch(command)
+    checks = {c.name: c for c in check_launch(spec, read_draft(export))}
+    assert (model, tokenizer) == ("org/target", "org/target") and spec.target == model
+    assert spec.algorithm == resolved["method"] == "eagle3" and spec.draft_path == resolved["model"] == str(export)
+    assert spec.steps == resolved["num_speculative_tokens"]
+    assert checks["launch form"].status == "ok" and checks["algorithm"].status == "ok"
+    assert (checks.get("speculative config") is not None) == ("method" in (user_config or {}))
+    assert diagnose(export, launch=command).ok
