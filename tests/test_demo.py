@@ -59,6 +59,12 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     target = next(s for s in summary["stages"] if s["name"] == "target")
     assert target["figures"]["train steps"] == f"{QUICK.target_steps} of {QUICK.target_steps}"
     assert "target train steps" in err and "how to read it" in err
+    # the tool-calling prompts' answers are tool calls the target wrote in its own special tokens
+    generated = next(s for s in summary["stages"] if s["name"] == "generate")["figures"]["tool calls written"]
+    calls, total = (int(x) for x in generated.split(" of "))
+    with_tools = [m for r in rows if r.get("tools") for m in r["messages"] if m.get("train")]
+    assert total == len(with_tools) > 0 and calls == sum(bool(m.get("tool_calls")) for m in with_tools)
+    assert "tool calls the target wrote" in err
 
     # A second run in the same folder takes up the first: nothing is done twice, nothing recorded twice.
     counts = "SELECT (SELECT count(*) FROM candidates), (SELECT count(*) FROM mixes), " \

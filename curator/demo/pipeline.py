@@ -315,7 +315,8 @@ class Demo:
                                                              stats.endpoints, stats.as_dict())
             repeated = self._check_answers(out)
             return {"samples": stats.done_total, "errors": stats.errors_total, "output tokens": stats.completion_tokens,
-                    "output tok/s": stats.output_tokens_per_s, "answers one token repeated": repeated}
+                    "output tok/s": stats.output_tokens_per_s, "answers one token repeated": repeated,
+                    "tool calls written": self._check_tool_calls(out)}
 
         self._stage("generate", _cmd(argv), fn)
 
@@ -334,6 +335,22 @@ class Demo:
             self.warn(f"{repeated} of {len(answers)} regenerated answers are mostly one token repeated: the target "
                       "learned little, so the draft's acceptance will only measure how well it predicts that token")
         return f"{repeated} of {len(answers)}"
+
+    def _check_tool_calls(self, gen_dir: Path) -> str:
+        """Return "n of N": regenerated answers to prompts that declare tools which are tool calls.
+
+        The target writes a call between its own `<tool_call>` tokens and generate parses it into
+        structured `tool_calls`; a count of 0 means the agentic acceptance measures plain text.
+        """
+        from training.chat_tokens import iter_generation
+
+        answers = [m for rec in iter_generation(gen_dir) if rec.get("tools") for m in rec["messages"]
+                   if m.get("role") == "assistant" and m.get("train")]
+        calls = sum(bool(m.get("tool_calls")) for m in answers)
+        if answers and not calls:
+            self.warn(f"none of the {len(answers)} regenerated answers to prompts with tools is a tool call: the "
+                      "target never learned to call its tools, so the agentic acceptance measures plain text")
+        return f"{calls} of {len(answers)}"
 
     def plan(self) -> None:
         argv = ["plan", "--model", str(self.w / "target"), "--data", str(self.w / "gen"), "--out", str(self.w)]

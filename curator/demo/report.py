@@ -177,6 +177,9 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
     tps = report.figure("generate", "output tok/s")
     if tps is not None:
         rows.append(("generation throughput", f"{tps:,.0f} output tok/s"))
+    calls = report.figure("generate", "tool calls written")
+    if calls is not None:
+        rows.append(("tool calls the target wrote", f"{calls} answers to prompts with tools"))
     nbytes = report.figure("hidden-states", "bytes")
     if nbytes is not None:
         rows.append(("hidden states stored", human_bytes(nbytes)))
