@@ -12,6 +12,14 @@ fed to it) and the target's KV cache holding every token before that one:
 so every round costs one target forward and yields a+1 tokens: the acceptance length is their mean.
 A tree is verified as a batch of its paths (cache repeated per path), still one target forward.
 
+Sampled verification (`Sampling`, temperature > 0) is SGLang's target-only tree speculative
+sampling with its default thresholds (1.0): at a node, the children are tried in order against one
+coin and child c is accepted with probability p(c); when all are rejected the bonus token is drawn
+from p without them. Drawing one token x ~ p per node and accepting the child equal to x has exactly
+that law, so that is how it runs here: `argmax` becomes one draw per tree node. The output is then a
+sample of the target at that temperature (the check against greedy decoding does not apply), and a
+simulation on the sampled output's own states replays its cycles exactly (tests/test_sampled_eval.py).
+
 The draft's pairing follows EAGLE-3 training: the target's aux states at position j go with token
 j+1 (the token the target chose after seeing j), at draft position j, and predict token j+2. Aux
 states are the target's `hidden_states[L]` for each layer id L (SGLang convention: input of layer L).
@@ -41,6 +49,69 @@ from training.target_head import TargetHead
 
 class GreedyMismatchError(TrainingError):
     """Speculative decoding produced other tokens than greedy decoding of the target: a bug."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The target's sampling in verification, applied as SGLang applies it: softmax(logits / T),
+    then top-k, then top-p renormalisation (0 and 1.0 leave them off)."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0 or not math.isfinite(self.temperature):
+            raise TrainingError(f"temperature {self.temperature}: sampled verification needs a finite T > 0 "
+                                "(greedy verification is the default)")
+        if self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise TrainingError(f"top_k {self.top_k} must be >= 0 and top_p {self.top_p} in (0, 1]")
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Return the sampling distribution [..., V] for logits [..., V]."""
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if 0 < self.top_k < probs.shape[-1]:
+            kth = probs.topk(self.top_k, dim=-1).values[..., -1:]
+            probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        if self.top_p < 1:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            before = sorted_p.cumsum(-1) - sorted_p  # the mass of the tokens ranked above each one
+            sorted_p = torch.where(before < self.top_p * sorted_p.sum(-1, keepdim=True), sorted_p,
+                                   torch.zeros_like(sorted_p))
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        return probs / probs.sum(-1, keepdim=True)
+
+    def generator(self, device: torch.device | str, key: str) -> torch.Generator:
+        """Return a generator seeded from the seed and `key` (a prompt id): runs repeat, prompt by prompt."""
+        import zlib
+
+        return torch.Generator(device=device).manual_seed((self.seed << 32) ^ zlib.crc32(key.encode()))
+
+
+def _draw_per_node(logits: torch.Tensor, drafted: torch.Tensor, lengths: torch.Tensor, sampling: Sampling,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Return [P, W+1]: the target's sampled token at every node of the verified paths.
+
+    Position i of path p is the node reached by its first i drafted tokens; paths that share those
+    tokens share the node, so it is drawn once for all of them (independent draws per path would let
+    the best path pick among several samples and overstate acceptance). Positions past a path's end
+    are left 0: the accepted prefix is capped at the path's length, so they are never read.
+    """
+    n_paths, width = logits.shape[0], logits.shape[1]
+    rows = drafted.tolist()
+    nodes: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for p in range(n_paths):
+        for i in range(int(lengths[p]) + 1):
+            nodes.setdefault(tuple(rows[p][:i]), []).append((p, i))
+    where = list(nodes.values())
+    first = torch.tensor([w[0] for w in where], device=logits.device)
+    drawn = torch.multinomial(sampling.probs(logits[first[:, 0], first[:, 1]]), 1, generator=generator)[:, 0].tolist()
+    choice = torch.zeros(n_paths, width, dtype=torch.long, device=logits.device)
+    for positions, token in zip(where, drawn):
+        for p, i in positions:
+            choice[p, i] = token
+    return choice
 
 
 @dataclass
@@ -209,9 +280,11 @@ def greedy_decode(target: Any, prompt_ids: list[int], max_new_tokens: int, eos_i
 @torch.no_grad()
 def speculative_decode(
     target: Any, proposer: Proposer, prompt_ids: list[int], *, steps: int, topk: int,
-    max_new_tokens: int, eos_ids: set[int],
+    max_new_tokens: int, eos_ids: set[int], sampling: Sampling | None = None,
+    generator: torch.Generator | None = None,
 ) -> SpecResult:
-    """Return the tokens of speculative decoding with `proposer` and greedy verification by `target`."""
+    """Return the tokens of speculative decoding with `proposer` and verification by `target`:
+    greedy, or sampled with `sampling` (drawing from `generator`, one seeded by `sampling` if None)."""
     if steps < 1 or topk < 1:
         raise TrainingError(f"steps ({steps}) and topk ({topk}) must be at least 1")
     device = target.device
@@ -229,7 +302,14 @@ def speculative_decode(
     out = target(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True,
                  output_hidden_states=want_hidden, **{cache_kw: cache})
     result.target_s += time.perf_counter() - t0
-    seq = torch.tensor(prompt_ids + [int(out.logits[0, -1].argmax())], device=device)  # (n,)
+    if sampling is not None and generator is None:
+        generator = sampling.generator(device, "")
+    first = out.logits[0, -1]
+    if sampling is not None:
+        first_token = int(torch.multinomial(sampling.probs(first), 1, generator=generator))
+    else:
+        first_token = int(first.argmax())
+    seq = torch.tensor(prompt_ids + [first_token], device=device)  # (n,)
     aux = _aux(out.hidden_states, layer_ids)[0] if want_hidden else None  # (n-1, 3Ht)
     result.tokens, done = _finish([int(seq[-1])], max_new_tokens, eos_ids)
 
@@ -250,8 +330,11 @@ def speculative_decode(
         positions = torch.arange(n - 1, n + width, device=device).expand(n_paths, -1)
         out = target(input_ids=verify, position_ids=positions, use_cache=True,
                      output_hidden_states=want_hidden, **{cache_kw: cache})
-        choice = out.logits.argmax(-1)  # (P, W+1): the target's own token after each position
         drafted = verify[:, 1:]
+        if sampling is not None:  # (P, W+1): the target's own token after each position
+            choice = _draw_per_node(out.logits, drafted, lengths, sampling, generator)  # type: ignore[arg-type]
+        else:
+            choice = out.logits.argmax(-1)
         matches = (drafted == choice[:, :-1]).long().cumprod(-1).sum(-1).minimum(lengths)  # (P,) accepted prefixes
         best = int(matches.argmax())
         a = int(matches[best])
@@ -278,7 +361,7 @@ class PromptRecord:
     new_tokens: int
     forwards: int
     acceptance_length: float
-    greedy_match: str  # "exact" | "tie@i" (diverged at a near-tie of the target's logits)
+    greedy_match: str  # "exact" | "tie@i" (diverged at a near-tie of the target's logits) | "sampled"
 
 
 @dataclass
@@ -298,6 +381,7 @@ class EvalReport:
     greedy_s: float = 0.0
     ties: int = 0
     offline: dict[str, Any] | None = None
+    sampling: Sampling | None = None  # None: greedy verification, every output checked against greedy
 
     def skip(self, reason: str) -> None:
         """Count a prompt left out, by reason."""
@@ -311,6 +395,7 @@ class EvalReport:
             "acceptance_length": self.overall.acceptance_length, "overall": self.overall.to_json(),
             "categories": {c: s.to_json() for c, s in sorted(self.categories.items())},
             "greedy_ties": self.ties,
+            "sampling": asdict(self.sampling) if self.sampling is not None else None,
             "timing_s": {"speculative": self.spec_s, "draft": self.draft_s, "greedy": self.greedy_s},
             "offline_estimate": self.offline,
             "per_prompt": [asdict(p) for p in self.prompts],
@@ -422,18 +507,20 @@ def evaluate(
     max_new_tokens: int = 128,
     tie_margin: float = 1e-4,
     on_prompt: Callable[[PromptRecord], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> EvalReport:
     """Return acceptance statistics of speculative decoding over `prompts`, each checked against greedy.
 
     A prompt whose speculative output differs from greedy decoding fails the run, unless the
     greedy reference chose that token by a logit margin under `tie_margin` (numerically a tie,
     which batched and one-token forwards may break differently); such prompts are counted as
-    ties and compared up to the divergence.
+    ties and compared up to the divergence. With `sampling` the target samples (each prompt from
+    its own seeded generator) and there is no greedy reference to compare with.
     """
     eos = eos_token_ids(target, tokenizer)
     max_pos = int(getattr(target.config, "max_position_embeddings", 0) or 0)
     report = EvalReport(steps=steps, topk=topk, max_new_tokens=max_new_tokens,
-                        overall=AcceptanceStats(steps), categories={}, prompts=[], skipped={})
+                        overall=AcceptanceStats(steps), categories={}, prompts=[], skipped={}, sampling=sampling)
     for prompt in prompts:
         try:
             ids = render_prompt(tokenizer, prompt.messages)
@@ -446,15 +533,19 @@ def evaluate(
         if max_pos and len(ids) + max_new_tokens + steps + 1 > max_pos:
             report.skip("too long for the target's context")
             continue
-        greedy = greedy_decode(target, ids, max_new_tokens, eos)
+        greedy = greedy_decode(target, ids, max_new_tokens, eos) if sampling is None else None
         t0 = time.perf_counter()
-        spec = speculative_decode(target, proposer, ids, steps=steps, topk=topk,
-                                  max_new_tokens=max_new_tokens, eos_ids=eos)
+        spec = speculative_decode(target, proposer, ids, steps=steps, topk=topk, max_new_tokens=max_new_tokens,
+                                  eos_ids=eos, sampling=sampling,
+                                  generator=sampling.generator(target.device, prompt.id) if sampling else None)
         report.spec_s += time.perf_counter() - t0
         report.draft_s += spec.draft_s
-        report.greedy_s += greedy.seconds
-        match = _compare(prompt.id, spec.tokens, greedy, tie_margin)
-        report.ties += match != "exact"
+        if greedy is not None:
+            report.greedy_s += greedy.seconds
+            match = _compare(prompt.id, spec.tokens, greedy, tie_margin)
+            report.ties += match != "exact"
+        else:
+            match = "sampled"
         report.new_tokens += len(spec.tokens)
         report.overall.add(spec.accepted)
         report.categories.setdefault(prompt.category or "all", AcceptanceStats(steps)).add(spec.accepted)

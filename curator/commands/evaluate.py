@@ -28,11 +28,15 @@ def eval_command(
     device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
     tie_margin: Annotated[Optional[float], typer.Option("--tie-margin", help="Logit margin under which a greedy divergence counts as a numerical tie (default 1e-4 in float32, 0.1 in bfloat16).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy verification, output checked against greedy decoding. >0: the target samples and verifies as SGLang does (target-only speculative sampling); match the server's sampling settings.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p of the sampled verification (with --temperature).")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Top-k of the sampled verification, 0 for off (with --temperature).")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled verification: each prompt draws from its own generator.")] = 0,
 ) -> int:
-    """Measure acceptance length with real speculative decoding (target verifies, output = greedy)."""
+    """Measure acceptance length with real speculative decoding (target verifies; greedy output checked)."""
     import torch
 
-    from training.evaluate import (DraftProposer, evaluate, held_out_split, load_prompt_file, load_target,
+    from training.evaluate import (DraftProposer, Sampling, evaluate, held_out_split, load_prompt_file, load_target,
                                    offline_estimate, spread_by_category)
     from training.export import load_draft
 
@@ -42,6 +46,11 @@ def eval_command(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     # bf16 rounds logits of order 10 to ~0.06: batched and one-token forwards may break such ties apart
     tie_margin = tie_margin if tie_margin is not None else (1e-4 if dtype == "float32" else 0.1)
+    if temperature == 0 and (top_p < 1 or top_k > 0):
+        raise ConfigError("--top-p/--top-k shape sampled verification: give --temperature too (0 is greedy)")
+    if top_p == 0:
+        raise ConfigError("--top-p 0 keeps no token: use a value in (0, 1]")
+    sampling = Sampling(temperature, top_k=top_k, top_p=top_p, seed=seed) if temperature > 0 else None
     if topk > 1 and num_draft_tokens is None:
         raise ConfigError("--topk > 1 needs --num-draft-tokens: give the server's --speculative-num-draft-tokens")
     split = held_out_split(draft) if data is not None else None  # refuse before the long decoding
@@ -58,7 +67,7 @@ def eval_command(
     with progress() as bar:
         task = bar.add_task("speculative decoding", total=len(chosen))
         report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), chosen, steps=steps, topk=topk,
-                          max_new_tokens=max_new_tokens, tie_margin=tie_margin,
+                          max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
                           on_prompt=lambda _: bar.advance(task))
     if malformed:
         report.skipped["malformed rows"] = malformed
@@ -91,15 +100,24 @@ def render_eval(report: Any, wall_s: float) -> None:
     if offline:
         rows += [(f"offline, simulated decoding ({offline['samples']} held-out samples)", sim.get("acceptance_length")),
                  ("offline, teacher-forced (overstates)", teacher.get("accept_length"))]
-    rows += [("output == greedy", "all prompts" if not report.ties else f"all, {report.ties} near-tie divergence(s)"),
-             ("wall time (s)", wall_s)]
+    if report.sampling is None:
+        rows.append(("output == greedy", "all prompts" if not report.ties else f"all, {report.ties} near-tie divergence(s)"))
+    else:
+        s = report.sampling
+        rows.append(("verification", f"sampled: temperature {s.temperature:g}, top-p {s.top_p:g}, "
+                                     f"top-k {s.top_k or 'off'}, seed {s.seed}"))
+    rows.append(("wall time (s)", wall_s))
     console.print(summary_table("curator eval", rows))
     for reason, count in sorted(report.skipped.items()):
         console.print(f"[yellow]skipped {count}: {escape(reason)}[/]")
     if offline:
         console.print(f"offline samples: {escape(str(offline['split']))}")
         agreement = sim.get("greedy_agreement")
-        if agreement is not None and agreement < 0.99:
+        if report.sampling is not None and agreement is not None and agreement >= 0.99:
+            console.print("[yellow]the stored answers are the target's greedy choices: the simulated figure is greedy "
+                          "acceptance; for acceptance at this temperature, regenerate the held-out answers with it "
+                          "(curator generate --temperature)[/]")
+        elif agreement is not None and agreement < 0.99:
             console.print(f"[yellow]only {agreement:.1%} of the stored answer tokens are the target's greedy choice: "
                           "a sampled continuation; the simulated figure judges the draft against the sampled tokens[/]")
 
