@@ -4,7 +4,8 @@ toolkit's own pipeline on a target trained on the spot.
   1. target: a ~34M-parameter code-chat Llama trained for a few minutes (bench/reference/target.py)
   2. prompts: code prefixes from files disjoint from the target's training text, in a pool and a
      held-out set that share no file
-  3. regeneration of every answer through `curator generate`'s in-process backend (greedy)
+  3. regeneration of every answer through `curator generate`'s in-process backend (greedy, or
+     sampled at `--temperature`, which the measurement then verifies at too)
   4. hidden states of pool and held-out answers (`training.hidden_states`, bf16; fp8 optionally)
   5. one draft per pool size, all with the same step budget (`training.trainer`)
   6. per draft: the offline estimates on the held-out states (simulated decoding, training.simulate,
@@ -44,7 +45,7 @@ from bench.reference.target import build_reference_target, code_windows, python_
 from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.mix.schema import write_tables  # noqa: E402
 from training import hidden_states  # noqa: E402
-from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
+from training.evaluate import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402
 from training.export import export_checkpoint, load_draft  # noqa: E402
 from training.store import HiddenStateStore  # noqa: E402
 from training.target_head import TargetHead  # noqa: E402
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         with timer(f"generate-{name}"):
             stats = generate(GenerateConfig(
                 mix=w / f"mix-{name}", out=w / f"gen-{name}", model=str(w / "target"), backend="transformers",
-                temperature=0.0, max_tokens=args.cont_tokens, batch_size=args.gen_batch, device=device,
+                temperature=args.temperature, max_tokens=args.cont_tokens, batch_size=args.gen_batch, device=device,
             ))
         gen[name] = {"samples": stats.done_total, "output_tokens": stats.completion_tokens,
                      "output_tokens_per_s": round(stats.output_tokens_per_s)}
@@ -194,10 +195,13 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
             sim_same = simulate_acceptance(draft.float(), held_store, same_ids, **sim_kw)
         draft = draft.to(torch.bfloat16 if device == "cuda" else torch.float32)
         with timer(f"eval-{tag}"):
+            # at a temperature: sampled verification, and every answer above was sampled at it too
+            sampling = Sampling(args.temperature, seed=0) if args.temperature > 0 else None
             report = evaluate(target, tokenizer, DraftProposer(draft), eval_prompts, steps=args.eval_steps,
-                              max_new_tokens=args.eval_new_tokens, tie_margin=1e-2 if device == "cuda" else 1e-4)
+                              max_new_tokens=args.eval_new_tokens, tie_margin=1e-2 if device == "cuda" else 1e-4,
+                              sampling=sampling)
         row = {
-            "pool": n, "dtype": dtype, "mode": mode, "train_steps": result.step,
+            "pool": n, "dtype": dtype, "mode": mode, "temperature": args.temperature, "train_steps": result.step,
             "train_tokens_per_s": result.train.get("tokens_per_s"),
             "offline_accept_length": round(offline["accept_length"], 3),
             "offline_acc": [round(a, 3) for a in offline["acc"]],
@@ -247,6 +251,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-steps", type=int, default=4)
     p.add_argument("--modes", default="token", help="generation modes to train drafts on: token (the target's own "
                    "ids), text (the same answers re-tokenised), or text,token to compare them")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample every answer at this temperature and verify by sampling at it in the measurement "
+                        "(0: greedy throughout)")
     p.add_argument("--fp8", action="store_true", help="also train and evaluate on fp8-stored states at the largest pool")
     args = p.parse_args(argv)
     if args.tiny:
