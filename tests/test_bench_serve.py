@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fakes.serving_servers import FakeServingServer
 
-from curator.errors import EndpointError
+from curator.errors import ConfigError, EndpointError
 from curator.serve_bench.client import Endpoint
 from curator.serve_bench.engine_fields import (
     VllmSpecCounters,
@@ -174,3 +174,17 @@ def test_an_engine_error_is_one_line_naming_the_endpoint_and_the_engines_message
         with pytest.raises(EndpointError, match=r"/v1/chat/completions answered 404: The model `wrong` does not exist"):
             bench_serve(Endpoint("vllm", spec.url + "/v1/", "wrong"), None, prompts(2), concurrencies=[1],
                         max_tokens=4, source="test")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_every_request_carries_the_temperature_asked_for(engine: str) -> None:
+    with FakeServingServer(engine, acceptance=by_category, step_s=0.0, draft_step_s=0.0) as spec:
+        report = bench_serve(Endpoint(engine, spec.url), None, prompts(4), concurrencies=[1], max_tokens=4,
+                             source="test", temperature=0.6)
+        greedy = bench_serve(Endpoint(engine, spec.url), None, prompts(2), concurrencies=[1], max_tokens=4, source="test")
+    sent = [b["sampling_params"]["temperature"] if engine == "sglang" else b["temperature"] for b in spec.bodies]
+    assert sent == [0.6] * 5 + [0.0] * 3  # one warm-up request, then the measured ones, per run
+    assert report.to_json()["temperature"] == 0.6 and greedy.to_json()["temperature"] == 0.0
+    with pytest.raises(ConfigError, match="temperature"):
+        bench_serve(Endpoint(engine, spec.url), None, prompts(2), concurrencies=[1], max_tokens=4, source="test",
+                    temperature=float("nan"))

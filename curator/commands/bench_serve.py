@@ -33,7 +33,8 @@ def bench_serve_command(
     draft: Annotated[Path | None, typer.Option("--draft", help="The exported draft: its checkpoint's split picks the mix's held-out rows.")] = None,
     tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="The target's local model directory: renders prompts to ids for SGLang.")] = None,
     concurrency: Annotated[list[str] | None, typer.Option("--concurrency", help="Requests in flight; repeat or comma-separate (1,8,32). Default 1.")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Output tokens per request (greedy).")] = 256,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Output tokens per request.")] = 256,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature of every request: 0 is greedy; serve-time temperatures lower acceptance.")] = 0.0,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many prompts, spread over categories.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 600.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
@@ -56,7 +57,7 @@ def bench_serve_command(
     with progress() as bar:
         task = bar.add_task("requests", total=total)
         report = bench_serve(draft_ep, base_ep, chosen, concurrencies=levels, max_tokens=max_tokens, source=source,
-                             timeout_s=timeout, on_request=lambda _: bar.advance(task))
+                             timeout_s=timeout, on_request=lambda _: bar.advance(task), temperature=temperature)
     render_bench(report)
     if json_out is not None:
         write_json(json_out, {"endpoint": endpoint, "baseline": baseline, "engine": engine, **report.to_json()})

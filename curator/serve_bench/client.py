@@ -2,8 +2,10 @@
 OpenAI-compatible `/v1/chat/completions`.
 
 Streaming gives the time to the first token, so time per output token excludes the prefill.
-Greedy decoding (temperature 0) throughout: the engine's acceptance is then the draft's, not the
-sampler's, and it is the condition the offline figures are computed for.
+Greedy decoding (temperature 0) by default: the engine's acceptance is then the draft's alone. A
+temperature makes the engine verify by sampling, which accepts a draft token only as often as the
+target would sample it: the acceptance users get when they serve at that temperature
+(`curator eval --temperature` measures the same in process).
 """
 
 from __future__ import annotations
@@ -77,15 +79,15 @@ async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
 
 
 async def timed_request(client: httpx.AsyncClient, endpoint: Endpoint, category: str, prompt: Any,
-                        max_tokens: int) -> RequestResult:
-    """Return the timing and counts of one greedy request (prompt: token ids for SGLang, messages for vLLM)."""
+                        max_tokens: int, temperature: float = 0.0) -> RequestResult:
+    """Return the timing and counts of one request (prompt: token ids for SGLang, messages for vLLM)."""
     if endpoint.engine == "sglang":
         path = "/generate"
         body: dict[str, Any] = {"input_ids": prompt, "stream": True,
-                                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}}
+                                "sampling_params": {"temperature": temperature, "max_new_tokens": max_tokens}}
     else:
         path = "/v1/chat/completions"
-        body = {"model": endpoint.model, "messages": prompt, "temperature": 0.0, "max_tokens": max_tokens,
+        body = {"model": endpoint.model, "messages": prompt, "temperature": temperature, "max_tokens": max_tokens,
                 "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first: float | None = None

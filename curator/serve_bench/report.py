@@ -75,6 +75,7 @@ class ServeBenchReport:
 
     prompts_source: str
     max_tokens: int
+    temperature: float = 0.0  # 0: greedy requests
     groups: list[GroupResult] = field(default_factory=list)
 
     def total(self, endpoint: str, concurrency: int) -> tuple[int, float]:
@@ -109,7 +110,7 @@ class ServeBenchReport:
         from training.evaluate import finite
 
         return finite({
-            "prompts": self.prompts_source, "max_tokens": self.max_tokens,
+            "prompts": self.prompts_source, "max_tokens": self.max_tokens, "temperature": self.temperature,
             "concurrency": {str(c): {"draft_tokens_per_s": self.tokens_per_s("draft", c),
                                      "baseline_tokens_per_s": self.tokens_per_s("baseline", c),
                                      "acceptance_length": self.acceptance_length(c),

@@ -4,6 +4,7 @@ at each concurrency, reading the engine's acceptance as it publishes it."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ class BenchPrompt:
 
 
 async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prompts: Sequence[BenchPrompt],
-                 concurrency: int, max_tokens: int, on_request: Callable[[RequestResult], None] | None) -> GroupResult:
+                 concurrency: int, max_tokens: int, on_request: Callable[[RequestResult], None] | None,
+                 temperature: float = 0.0) -> GroupResult:
     """Return one category's prompts run at `concurrency` against one endpoint."""
     speculating_vllm = endpoint.engine == "vllm" and label == "draft"
     before = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)) if speculating_vllm else None
@@ -50,7 +52,8 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
 
     async def one(p: BenchPrompt) -> RequestResult:
         async with gate:
-            result = await timed_request(client, endpoint, p.category, p.payload(endpoint.engine), max_tokens)
+            result = await timed_request(client, endpoint, p.category, p.payload(endpoint.engine), max_tokens,
+                                         temperature)
         if on_request is not None:
             on_request(result)
         return result
@@ -71,7 +74,7 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
 async def run_bench(
     draft: Endpoint, baseline: Endpoint | None, prompts: Sequence[BenchPrompt], *, concurrencies: Sequence[int],
     max_tokens: int, source: str, timeout_s: float = 600.0, warmup: int = 1,
-    on_request: Callable[[RequestResult], None] | None = None,
+    on_request: Callable[[RequestResult], None] | None = None, temperature: float = 0.0,
 ) -> ServeBenchReport:
     """Return the measurements of every (endpoint, concurrency, category) group.
 
@@ -85,7 +88,9 @@ async def run_bench(
     by_category: dict[str, list[BenchPrompt]] = {}
     for p in prompts:
         by_category.setdefault(p.category, []).append(p)
-    report = ServeBenchReport(source, max_tokens)
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ConfigError(f"temperature {temperature}: use 0 (greedy) or a positive value")
+    report = ServeBenchReport(source, max_tokens, temperature)
     limits = httpx.Limits(max_connections=max(concurrencies) + 2)
     # no retries: a benchmark that silently re-sent a request would time the retry, not the engine
     async with httpx.AsyncClient(timeout=http.timeout(timeout_s), limits=limits) as client:
@@ -95,13 +100,13 @@ async def run_bench(
             if ep.engine == "vllm" and not ep.model:
                 ep = Endpoint(ep.engine, ep.url, await served_model(client, ep.url))
             for p in prompts[:warmup]:
-                await timed_request(client, ep, p.category, p.payload(ep.engine), min(max_tokens, 16))
+                await timed_request(client, ep, p.category, p.payload(ep.engine), min(max_tokens, 16), temperature)
             resolved.append((label, ep))
         for concurrency in concurrencies:
             for label, ep in resolved:
                 for category in sorted(by_category):
                     report.groups.append(await _group(client, ep, label, by_category[category], concurrency,
-                                                      max_tokens, on_request))
+                                                      max_tokens, on_request, temperature))
     return report
 
 

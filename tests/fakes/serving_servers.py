@@ -46,6 +46,7 @@ class FakeServingServer:
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * num_spec_tokens
         self.requests = 0
+        self.bodies: list[dict[str, Any]] = []  # every generation request's JSON body, as received
         self.in_flight = self.max_in_flight = 0
         self.created = time.time()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -162,6 +163,7 @@ class FakeServingServer:
                     self._json(404, {"error": f"no route {self.path}"})
                     return
                 with fake.lock:
+                    fake.bodies.append(body)
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
                 try:
