@@ -146,6 +146,7 @@ def test_sampling_settings_and_the_report(target) -> None:
     assert (probs[2:] == 0).all() and probs.sum() == pytest.approx(1.0)
     nucleus = Sampling(1.0, top_p=0.6).probs(torch.tensor([0.0, 3.0, 2.9, -5.0]))
     assert nucleus[1] > 0 and nucleus[2] > 0 and nucleus[0] == 0 and nucleus[3] == 0  # 0.6 needs the top two (0.51, 0.46)
+    assert (Sampling(1.0, top_p=0.3).probs(torch.zeros(4)) == 0.25).all()  # ties at the pivot all stay, as in SGLang
     prompts = [EvalPrompt(id=f"p{i}", messages=[{"role": "user", "content": toy_corpus(4, seed=5)[i]}]) for i in range(2)]
     kw = dict(steps=STEPS, max_new_tokens=12, sampling=Sampling(T, seed=1))
     one = evaluate(model, tokenizer, DraftProposer(echo_draft(model)), prompts, **kw)

@@ -75,11 +75,13 @@ class Sampling:
             kth = probs.topk(self.top_k, dim=-1).values[..., -1:]
             probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
         if self.top_p < 1:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            before = sorted_p.cumsum(-1) - sorted_p  # the mass of the tokens ranked above each one
-            sorted_p = torch.where(before < self.top_p * sorted_p.sum(-1, keepdim=True), sorted_p,
-                                   torch.zeros_like(sorted_p))
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+            # SGLang's threshold (FlashInfer's): in ascending order, the first probability at which the
+            # running mass reaches 1 - p is the pivot; every token at or above it stays, ties included
+            probs = probs / probs.sum(-1, keepdim=True)
+            ascending = probs.sort(dim=-1).values
+            cut = torch.searchsorted(ascending.cumsum(-1), torch.full_like(ascending[..., :1], 1 - self.top_p))
+            pivot = ascending.gather(-1, cut.clamp(max=ascending.shape[-1] - 1))
+            probs = torch.where(probs >= pivot, probs, torch.zeros_like(probs))
         return probs / probs.sum(-1, keepdim=True)
 
     def generator(self, device: torch.device | str, key: str) -> torch.Generator:
