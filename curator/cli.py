@@ -52,7 +52,7 @@ COMMAND_HELP = {
     "hidden-states": "Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store.",
     "train": "Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.",
     "export": "Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering.",
-    "eval": "Measure acceptance length with real speculative decoding (target verifies, output = greedy).",
+    "eval": "Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled).",
     "doctor": "Check a draft export, its fit with the target and data, and a server launch command.",
     "bench-serve": "Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup.",
     "demo": "Run scout -> review -> build-mix -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.",

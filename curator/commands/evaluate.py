@@ -28,12 +28,12 @@ def eval_command(
     device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda when present).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "float32",
     tie_margin: Annotated[Optional[float], typer.Option("--tie-margin", help="Logit margin under which a greedy divergence counts as a numerical tie (default 1e-4 in float32, 0.1 in bfloat16).")] = None,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0: greedy verification, output checked against greedy decoding. >0: the target samples and verifies as SGLang does (target-only speculative sampling); match the server's sampling settings.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p of the sampled verification (with --temperature).")] = 1.0,
+    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy verification, output checked against greedy decoding. >0: the target samples and verifies as SGLang does (target-only speculative sampling); match the server's sampling settings.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Top-p of the sampled verification (with --temperature).")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Top-k of the sampled verification, 0 for off (with --temperature).")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled verification: each prompt draws from its own generator.")] = 0,
 ) -> int:
-    """Measure acceptance length with real speculative decoding (target verifies; greedy output checked)."""
+    """Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled)."""
     import torch
 
     from training.evaluate import (DraftProposer, Sampling, evaluate, held_out_split, load_prompt_file, load_target,
@@ -46,10 +46,10 @@ def eval_command(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     # bf16 rounds logits of order 10 to ~0.06: batched and one-token forwards may break such ties apart
     tie_margin = tie_margin if tie_margin is not None else (1e-4 if dtype == "float32" else 0.1)
+    if not (0 <= temperature < float("inf")) or not 0 < top_p <= 1:
+        raise ConfigError(f"--temperature {temperature} must be >= 0 and --top-p {top_p} in (0, 1]")
     if temperature == 0 and (top_p < 1 or top_k > 0):
         raise ConfigError("--top-p/--top-k shape sampled verification: give --temperature too (0 is greedy)")
-    if top_p == 0:
-        raise ConfigError("--top-p 0 keeps no token: use a value in (0, 1]")
     sampling = Sampling(temperature, top_k=top_k, top_p=top_p, seed=seed) if temperature > 0 else None
     if topk > 1 and num_draft_tokens is None:
         raise ConfigError("--topk > 1 needs --num-draft-tokens: give the server's --speculative-num-draft-tokens")
