@@ -54,18 +54,26 @@ def capture_rank(argv: list[str]) -> int:
     return code
 
 
-def run_capture(nproc: int, target: Path, gen: Path, out: Path, kill_after_s: float | None = None) -> dict[str, Any]:
+def run_capture(nproc: int, target: Path, gen: Path, out: Path, kill_at_first_shard: bool = False) -> dict[str, Any]:
     cmd = torchrun(nproc, str(Path(__file__)), "--capture-rank", "--model", str(target), "--data", str(gen),
                    "--out", str(out))
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    if kill_after_s is not None:
-        time.sleep(kill_after_s)
-        os.killpg(proc.pid, signal.SIGKILL)
+    # stdout to a file, not a pipe: a pipe nobody reads while we poll could fill and stall the ranks
+    log = out.with_suffix(".log")
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, env=ENV, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        if kill_at_first_shard:
+            # Killed once the first shard is on disk: mid-capture whatever the model load took (a timed
+            # kill landed after the capture had finished in two runs, so the resume saw a full store).
+            while proc.poll() is None and not any((out / "shards").glob("*.safetensors")):
+                time.sleep(0.02)
+            finished = proc.poll() is not None
+            if not finished:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return {"killed_after_s": round(time.perf_counter() - t, 1), "finished_before_kill": finished}
         proc.wait()
-        return {"killed_after_s": kill_after_s}
-    out_text, _ = proc.communicate()
+    out_text = log.read_text()
     wall = time.perf_counter() - t
     if proc.returncode:
         raise SystemExit(f"capture failed ({proc.returncode}):\n{out_text[-3000:]}")
@@ -183,11 +191,9 @@ def main() -> int:
     if args.nproc > 1:
         results["capture"]["one"] = run_capture(1, w / "target", w / "gen", w / "states-1")
     other = 1 if args.nproc > 1 else 2
-    # kill part-way through the capture itself: start-up (model load) plus 40% of the capture's time
-    first = results["capture"]["n"]
-    startup = first["wall_s"] - first["rank0"].get("wall_s", 0.0)
+    # kill part-way through the capture itself, once its first shard is written
     results["capture"]["killed"] = run_capture(args.nproc, w / "target", w / "gen", w / "states-resume",
-                                               kill_after_s=round(startup + 0.4 * first["rank0"].get("wall_s", 0.0), 1))
+                                               kill_at_first_shard=True)
     results["capture"]["killed"]["stored_before_resume"] = check_index(w / "states-resume", gen_ids)["stored"] \
         if (w / "states-resume" / "meta.json").exists() else 0
     if other <= torch.cuda.device_count():

@@ -330,3 +330,18 @@ def test_a_path_with_markup_is_printed_literally(tmp_path: Path, capsys: pytest.
                  "--endpoint", "http://127.0.0.1:9"])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "[/x]/[bold]mix" in err and "MarkupError" not in err
+
+
+def test_transformers_sampling_uses_the_models_settings_not_transformers_top_k_50() -> None:
+    from types import SimpleNamespace
+
+    from curator.generate.local import sampling_kwargs
+    from curator.generate.client import SamplingParams
+
+    bare = SimpleNamespace(top_k=None, top_p=None)  # a generation_config.json without sampling settings
+    assert sampling_kwargs(SamplingParams(0.7, None, 16, {}), bare) == {
+        "do_sample": True, "temperature": 0.7, "top_k": 0, "top_p": 1.0}
+    tuned = SimpleNamespace(top_k=20, top_p=0.8)
+    assert sampling_kwargs(SamplingParams(0.6, None, 16, {}), tuned)["top_k"] == 20
+    assert sampling_kwargs(SamplingParams(0.6, 0.95, 16, {}), tuned)["top_p"] == 0.95  # the user's own wins
+    assert sampling_kwargs(SamplingParams(0.0, 0.9, 16, {}), tuned) == {"do_sample": False}

@@ -44,6 +44,22 @@ def pick_device(device: str | None = None) -> str:
     return "cpu"
 
 
+def sampling_kwargs(params: SamplingParams, generation_config: Any) -> dict[str, Any]:
+    """Return `generate()`'s sampling arguments, with what a server would use for the unset ones.
+
+    SGLang and vLLM take top-p and top-k left unset from the model's generation_config.json, and
+    sample from the whole vocabulary when it sets none. transformers would instead fill in its own
+    top_k=50, so top_k and top_p are always passed: the answers then follow the law that
+    `curator eval --temperature` and a server verify with.
+    """
+    if params.temperature <= 0:
+        return {"do_sample": False}
+    top_k = getattr(generation_config, "top_k", None) if generation_config is not None else None
+    top_p = params.top_p if params.top_p is not None else getattr(generation_config, "top_p", None)
+    return {"do_sample": True, "temperature": params.temperature,
+            "top_k": int(top_k) if top_k and top_k > 0 else 0, "top_p": float(top_p) if top_p is not None else 1.0}
+
+
 class TransformersBackend:
     """Batched greedy or sampled generation with a local model, stopping at end of turn."""
 
@@ -215,13 +231,8 @@ class TransformersBackend:
             if self._max_positions is not None:
                 max_new = max(1, min(max_new, self._max_positions - prompt_len))
             kwargs: dict[str, Any] = {"max_new_tokens": max_new, "eos_token_id": self._eos_ids,
-                                      "pad_token_id": tok.pad_token_id}
-            if self.params.temperature > 0:
-                kwargs.update(do_sample=True, temperature=self.params.temperature)
-                if self.params.top_p is not None:
-                    kwargs["top_p"] = self.params.top_p
-            else:
-                kwargs["do_sample"] = False
+                                      "pad_token_id": tok.pad_token_id,
+                                      **sampling_kwargs(self.params, self.model.generation_config)}
             with torch.inference_mode():
                 out = self.model.generate(**enc, **kwargs)
             latency = time.perf_counter() - start
