@@ -115,6 +115,7 @@ class LaunchSpec:
     short_flags: bool = False  # vLLM's --spec-method/--spec-model/--spec-tokens were used
     serves_export: bool = False  # `vllm serve EXPORT`: vLLM builds the speculative config from the export
     export_steps: int | None = None  # then: the export's own speculative_tokens
+    user_config: dict[str, Any] = field(default_factory=dict)  # vLLM: --speculative-config as written
     problems: list[Check] = field(default_factory=list)
 
 
@@ -209,10 +210,8 @@ def check_layout(layout: DraftLayout) -> list[Check]:
         checks.append(Check("weight names", "ok", f"fc, {prefix}*, norm, lm_head{', d2t, t2d' if maps else ''} present"))
 
     if layout.fmt == "speculators":
-        from training.export import is_hub_id
-
         verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
-        if not is_hub_id(verifier):
+        if not _vllm_takes_verifier(verifier):
             checks.append(Check("verifier", "warn",
                                 f"speculators_config.verifier.name_or_path is {verifier!r}; `vllm serve` needs a Hub "
                                 "repository id there: re-export with curator export --verifier ORG/NAME"))
@@ -546,6 +545,7 @@ def _parse_vllm(argv: list[str]) -> LaunchSpec:
             spec.problems.append(Check("speculative config", "error", "--speculative-config must be a JSON object"))
             return spec
         config = {k.replace("-", "_"): v for k, v in parsed.items()}
+        spec.user_config = dict(config)
     for flag, key in _VLLM_SHORT.items():
         if flag not in opts:
             continue
@@ -652,10 +652,15 @@ def _resolve_served_export(spec: LaunchSpec, layout: DraftLayout, target: str | 
     local path. It refuses a config without proposal_methods, speculative_tokens or
     transformer_layer_config.
     """
-    from training.export import is_hub_id
-
     checks: list[Check] = []
     spec.serves_export = True
+    if spec.short_flags:
+        checks.append(Check("speculative config", "error",
+                            "`vllm serve EXPORT` fills method, model and num_speculative_tokens from the export, and "
+                            "vLLM then refuses --spec-method/--spec-model/--spec-tokens as set twice: drop them (a "
+                            "token count goes in --speculative-config '{\"num_speculative_tokens\": N}')"))
+    if "--tokenizer" in _option_map(spec.argv)[0]:
+        checks.append(Check("tokenizer", "warn", "--tokenizer is ignored: vLLM serves the verifier's tokenizer"))
     config = layout.config
     sconf = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
     methods = sconf.get("proposal_methods")
@@ -677,7 +682,7 @@ def _resolve_served_export(spec: LaunchSpec, layout: DraftLayout, target: str | 
         spec.steps, spec.topk, spec.num_draft_tokens = tokens, 1, tokens + 1
 
     verifier = str((sconf.get("verifier") or {}).get("name_or_path") or "")
-    if not is_hub_id(verifier):
+    if not _vllm_takes_verifier(verifier):
         checks.append(Check("verifier", "error",
                             f"`vllm serve` on the export serves its verifier, {verifier!r}: not a Hub repository "
                             "id (or a local path too), which vLLM refuses; re-export with curator export "
@@ -696,8 +701,23 @@ def _resolve_served_export(spec: LaunchSpec, layout: DraftLayout, target: str | 
     return checks
 
 
+def _vllm_takes_verifier(name: str) -> bool:
+    """Return whether vLLM 0.33 accepts `name` as a speculators verifier: a valid Hub repository id
+    (huggingface_hub's own `validate_repo_id`, which vLLM calls; bare ids like "gpt2" pass) that is
+    not also a local path."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return not (Path(name).exists() or Path(name).is_symlink())
+
+
 def _check_step_settings(spec: LaunchSpec) -> list[Check]:
     if spec.engine == "vllm":
+        if spec.steps is None and spec.serves_export:
+            return [Check("draft steps", "error", "the export's speculators_config names no speculative_tokens")]
         if spec.steps is None:
             return [Check("draft steps", "error", "num_speculative_tokens missing from --speculative-config")]
         if spec.steps < 1:
@@ -748,9 +768,12 @@ def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec
     draft = str(layout.path)
     if engine == "vllm" and spec is not None and spec.serves_export and spec.target != str(layout.path):
         # `vllm serve EXPORT` resolved to a Hub verifier: keep that form, with the user's own options
-        kept = _kept_args(spec, {"--speculative-config", "-sc", "--model", *_VLLM_SHORT})
-        own = ["--speculative-config", json.dumps({"num_speculative_tokens": steps})] if steps != spec.export_steps else []
-        return shlex.join(["vllm", "serve", draft, *kept, *own])
+        kept = _kept_args(spec, {"--speculative-config", "-sc", "--model", "--tokenizer", *_VLLM_SHORT})
+        # the user's other keys stay (vLLM merges them); method and model are the export's anyway
+        own = {k: v for k, v in spec.user_config.items() if k not in ("method", "model")}
+        if steps != spec.export_steps:
+            own["num_speculative_tokens"] = steps
+        return shlex.join(["vllm", "serve", draft, *kept, *(["--speculative-config", json.dumps(own)] if own else [])])
     if engine == "vllm":
         dropped = {"--speculative-config", "-sc", "--model", "--speculative-model", "--num-speculative-tokens", *_VLLM_SHORT}
         kept = _kept_args(spec, dropped) if spec else []

@@ -340,3 +340,21 @@ def test_vllm_serve_export_with_a_local_verifier_suggests_serving_it_explicitly(
     fixed = shlex.split(report.launch_command)
     assert fixed[:3] == ["vllm", "serve", "/models/t"] and "--port" in fixed
     assert json.loads(fixed[-1]) == {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
+
+
+def test_vllm_serve_export_refuses_short_flags_and_keeps_other_speculative_keys(tmp_path: Path) -> None:
+    # vLLM 0.33 fills method/model/tokens from the export first, then refuses --spec-* as duplicates
+    draft = write_speculators_export(tmp_path / "spec")
+    report = diagnose(draft, launch=f"vllm serve {draft} --spec-tokens 5")
+    assert "speculative config" in {c.name for c in report.errors}
+    own = json.dumps({"model": "/elsewhere", "attention_backend": "FLASH_ATTN"})
+    report = diagnose(draft, launch=f"vllm serve {draft} --tokenizer /tok -sc {shlex.quote(own)}")
+    assert report.ok and {c.name: c.status for c in report.checks}["tokenizer"] == "warn"
+    fixed = shlex.split(report.launch_command)
+    assert "--tokenizer" not in fixed and json.loads(fixed[-1]) == {"attention_backend": "FLASH_ATTN"}
+
+
+def test_vllm_serve_export_takes_a_bare_hub_id_as_vllm_does(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec", verifier="gpt2")  # huggingface_hub's validate_repo_id passes it
+    report = diagnose(draft, launch=f"vllm serve {draft}")
+    assert "verifier" not in {c.name for c in report.checks}

@@ -176,3 +176,28 @@ def test_cli_eval_samples_at_a_temperature_and_refuses_top_p_alone(target, tiny_
     report = json.loads(out.read_text())
     assert report["sampling"] == {"temperature": T, "top_k": 5, "top_p": 1.0, "seed": 4}
     assert {p["greedy_match"] for p in report["per_prompt"]} == {"sampled"} and report["prompts_decoded"] == 3
+
+
+def test_each_node_is_drawn_from_its_own_position_and_shared_nodes_once() -> None:
+    from training.evaluate import _draw_per_node
+
+    # 2 paths sharing their first drafted token (7): positions (0,0)=(1,0) are the root and (0,1)=(1,1)
+    # the node after 7, so each pair must get one draw; every other position is its own node.
+    drafted = torch.tensor([[7, 8, 9], [7, 5, 0]])
+    lengths = torch.tensor([3, 2])
+    vocab = 40
+    logits = torch.full((2, 4, vocab), -1e4)
+    for p in range(2):
+        for i in range(4):
+            logits[p, i, 10 + 4 * p + i] = 0.0  # a one-hot law: a token unique to (path, position)
+    logits[1, 0], logits[1, 1] = logits[0, 0], logits[0, 1]  # shared nodes have one law
+    choice = _draw_per_node(logits, drafted, lengths, Sampling(1.0), torch.Generator().manual_seed(0))
+    assert choice[0].tolist() == [10, 11, 12, 13]
+    assert choice[1, :3].tolist() == [10, 11, 16]  # past path 1's end (position 3) nothing is read
+    # a shared node drawn twice would disagree between the paths half the time with a spread law
+    spread = torch.zeros(2, 4, vocab)
+    agree = all(
+        (lambda c: c[0, 0] == c[1, 0] and c[0, 1] == c[1, 1])(
+            _draw_per_node(spread, drafted, lengths, Sampling(1.0), torch.Generator().manual_seed(s)))
+        for s in range(20))
+    assert agree

@@ -67,6 +67,8 @@ class Sampling:
                                 "(greedy verification is the default)")
         if self.top_k < 0 or not 0 < self.top_p <= 1:
             raise TrainingError(f"top_k {self.top_k} must be >= 0 and top_p {self.top_p} in (0, 1]")
+        if not 0 <= self.seed < 2**32:
+            raise TrainingError(f"seed {self.seed} must be in [0, 2**32)")
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Return the sampling distribution [..., V] for logits [..., V]."""
@@ -101,19 +103,19 @@ def _draw_per_node(logits: torch.Tensor, drafted: torch.Tensor, lengths: torch.T
     are left 0: the accepted prefix is capped at the path's length, so they are never read.
     """
     n_paths, width = logits.shape[0], logits.shape[1]
-    rows = drafted.tolist()
+    rows, ends = drafted.tolist(), lengths.tolist()  # one device sync each
     nodes: dict[tuple[int, ...], list[tuple[int, int]]] = {}
     for p in range(n_paths):
-        for i in range(int(lengths[p]) + 1):
+        for i in range(int(ends[p]) + 1):
             nodes.setdefault(tuple(rows[p][:i]), []).append((p, i))
     where = list(nodes.values())
     first = torch.tensor([w[0] for w in where], device=logits.device)
     drawn = torch.multinomial(sampling.probs(logits[first[:, 0], first[:, 1]]), 1, generator=generator)[:, 0].tolist()
-    choice = torch.zeros(n_paths, width, dtype=torch.long, device=logits.device)
+    choice = [[0] * width for _ in range(n_paths)]  # filled on the host, moved once
     for positions, token in zip(where, drawn):
         for p, i in positions:
-            choice[p, i] = token
-    return choice
+            choice[p][i] = token
+    return torch.tensor(choice, dtype=torch.long, device=logits.device)
 
 
 @dataclass

@@ -46,8 +46,9 @@ def eval_command(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     # bf16 rounds logits of order 10 to ~0.06: batched and one-token forwards may break such ties apart
     tie_margin = tie_margin if tie_margin is not None else (1e-4 if dtype == "float32" else 0.1)
-    if not (0 <= temperature < float("inf")) or not 0 < top_p <= 1:
-        raise ConfigError(f"--temperature {temperature} must be >= 0 and --top-p {top_p} in (0, 1]")
+    if not (0 <= temperature < float("inf")) or not 0 < top_p <= 1 or not 0 <= seed < 2**32:
+        raise ConfigError(f"--temperature {temperature} must be >= 0, --top-p {top_p} in (0, 1] "
+                          f"and --seed {seed} in [0, 2**32)")
     if temperature == 0 and (top_p < 1 or top_k > 0):
         raise ConfigError("--top-p/--top-k shape sampled verification: give --temperature too (0 is greedy)")
     sampling = Sampling(temperature, top_k=top_k, top_p=top_p, seed=seed) if temperature > 0 else None
