@@ -18,7 +18,6 @@ from training.evaluate import (
     evaluate,
     greedy_decode,
     load_prompt_file,
-    load_target,
     render_prompt,
     speculative_decode,
 )
@@ -59,16 +58,6 @@ class Garbage:
 
     def propose(self, tokens, aux, steps, topk):
         return [[3] * steps]
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target: Path):
-    # a 64-wide model is all per-op overhead: one thread is faster, and fair to a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tokenizer = load_target(tiny_target)
-    yield model, tokenizer
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from conftest import toy_corpus
 from test_simulate import AUX_IDS, MemoryStates, echo_draft
 
 from training.errors import TrainingError
-from training.evaluate import (DraftProposer, EvalPrompt, Sampling, evaluate, load_target, render_prompt,
+from training.evaluate import (DraftProposer, EvalPrompt, Sampling, evaluate, render_prompt,
                                speculative_decode)
 from training.simulate import AcceptanceStats, simulate_acceptance
 from training.store import HiddenStateSample
@@ -30,15 +30,6 @@ STEPS = 3
 # The tiny target is random-init: its logits spread over ~0.15, so T=0.04 makes a peaked but not
 # one-hot distribution (top token ~0.6), where drafts are accepted often and rejected often.
 T = 0.04
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target: Path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tokenizer = load_target(tiny_target)
-    yield model, tokenizer
-    torch.set_num_threads(threads)
 
 
 def prompt_ids(tokenizer, i: int) -> list[int]:

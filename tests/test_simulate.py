@@ -8,11 +8,10 @@ import pytest
 import torch
 from conftest import toy_corpus
 
-from training.draft import DraftConfig, Eagle3Draft
+from training.draft import Eagle3Draft
 from training.evaluate import (
     DraftProposer,
     greedy_decode,
-    load_target,
     render_prompt,
     speculative_decode,
 )
@@ -32,32 +31,14 @@ MAX_NEW = 24
 AUX_IDS = [1, 2, 3]  # inputs of layers 1..3 of the 4-layer tiny target
 
 
-@pytest.fixture(scope="module")
-def target(tiny_target: Path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tokenizer = load_target(tiny_target)
-    yield model, tokenizer
-    torch.set_num_threads(threads)
-
-
 def echo_draft(model, seed: int = 0) -> Eagle3Draft:
     """A draft that proposes the token before last (fc passes layer 1's input, which carries that
     token's embedding; lm_head is the embedding matrix), plus noise from its own random layer. The
     tiny target loops over two tokens, so this draft is right often and wrong often: acceptance is
     neither 1 nor K+1, and both paths of every check are taken."""
-    torch.manual_seed(seed)
-    cfg = DraftConfig.from_target_config(model.config.to_dict(), draft_vocab_size=model.config.vocab_size,
-                                         aux_layer_ids=AUX_IDS)
-    draft = Eagle3Draft(cfg)
-    embed = model.get_input_embeddings().weight
-    draft.load_embeddings(embed)
-    H = cfg.hidden_size
-    with torch.no_grad():
-        draft.fc.weight.zero_()
-        draft.fc.weight[:, :H] = torch.eye(H)  # hidden = the target's input of layer 1
-        draft.lm_head.weight.copy_(embed)
-    return draft.eval()
+    from bench.simulate_bench import echo_draft as bench_echo_draft
+
+    return bench_echo_draft(model, AUX_IDS, seed)
 
 
 class MemoryStates:

@@ -27,9 +27,11 @@ states are the target's `hidden_states[L]` for each layer id L (SGLang conventio
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,8 +90,6 @@ class Sampling:
 
     def generator(self, device: torch.device | str, key: str) -> torch.Generator:
         """Return a generator seeded from the seed and `key` (a prompt id): runs repeat, prompt by prompt."""
-        import zlib
-
         return torch.Generator(device=device).manual_seed((self.seed << 32) ^ zlib.crc32(key.encode()))
 
 
@@ -236,8 +236,6 @@ def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> tuple[
 
 def _cache_keyword(target: Any) -> str:
     """Return the name of the KV-cache argument: `cache` in newer transformers, `past_key_values` before."""
-    import inspect
-
     try:
         params = inspect.signature(target.forward).parameters
     except (TypeError, ValueError):
