@@ -1,0 +1,90 @@
+"""The traffic profile's file format (PROFILE.json): the one contract between `curator profile`
+and its readers (`scout --profile`, `build-mix --match`, `eval --profile`).
+
+A profile holds statistics only: shares, percentiles, hashed feature counts, and at most a
+few scrubbed examples per category. Nothing in it can name a person or a secret.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from curator.errors import ConfigError
+
+PROFILE_KIND = "curator-traffic-profile"
+PROFILE_VERSION = 1
+CATEGORIES = ("agentic", "code", "reasoning", "chat")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CategoryShare(_Strict):
+    share: float = Field(ge=0.0, le=1.0)
+    rows: int = Field(ge=0)
+
+
+class SparseCounts(_Strict):
+    """Non-zero feature buckets and their counts (see curator.traffic.features)."""
+
+    indices: list[int]
+    counts: list[float]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> SparseCounts:
+        if len(self.indices) != len(self.counts):
+            raise ValueError("indices and counts differ in length")
+        return self
+
+
+class Features(_Strict):
+    method: str
+    buckets: int = Field(gt=0)
+    per_category: dict[str, SparseCounts]
+
+
+class Profile(_Strict):
+    """A traffic profile. `categories` always names every category in CATEGORIES (share 0 allowed)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # statistics may grow; readers use what they know
+
+    kind: str = PROFILE_KIND
+    version: int = PROFILE_VERSION
+    categories: dict[str, CategoryShare]
+    features: Features | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Profile:
+        if self.kind != PROFILE_KIND:
+            raise ValueError(f"not a traffic profile (kind {self.kind!r})")
+        if self.version > PROFILE_VERSION:
+            raise ValueError(f"profile version {self.version} is newer than this curator reads ({PROFILE_VERSION})")
+        total = sum(c.share for c in self.categories.values())
+        if self.categories and abs(total - 1.0) > 1e-6:
+            raise ValueError(f"category shares sum to {total:.6f}, not 1")
+        return self
+
+    def shares(self) -> dict[str, float]:
+        """Return {category: share} for the categories with a non-zero share."""
+        return {name: c.share for name, c in self.categories.items() if c.share > 0}
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Return the profile in `path`; a missing, unreadable or malformed file is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such profile (make one with `curator profile --traffic FILE --out {path}`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ConfigError(f"{path}: not a valid traffic profile: {where}: {first['msg']}") from None
