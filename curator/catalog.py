@@ -560,11 +560,15 @@ class Catalog:
         endpoints: Sequence[str],
         stats: dict[str, Any],
     ) -> None:
-        """Insert or update one generation run (a resumed run updates its row)."""
+        """Insert or update one generation run (a resumed run updates its row); endpoints are
+        recorded without user:password."""
+        from curator.http import public_url, redact  # httpx: only the commands that record a run pay for it
+
         with self.connect() as con:
             con.execute(
                 "INSERT OR REPLACE INTO generation_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [run_id, str(mix_dir), str(out_dir), model, list(endpoints), json.dumps(stats, default=str), _now()],
+                [run_id, str(mix_dir), str(out_dir), model, [public_url(e) for e in endpoints],
+                 redact(json.dumps(stats, default=str)), _now()],
             )
 
     def record_training_run(

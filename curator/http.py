@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
+import os
 import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -137,6 +139,62 @@ async def retrying(
         await asyncio.sleep(wait)
 
 
+# -- bounded answers --------------------------------------------------------------------------
+
+# An answer of a 4K-token completion is tens of KB; 16 MiB leaves room for long contexts echoed
+# back with logprobs, and keeps one bad server from filling memory and shards.
+DEFAULT_MAX_ANSWER_BYTES = 16 * 2**20
+
+
+class DeadlineExceeded(httpx.TimeoutException):
+    """A request's whole exchange, from sending to the last byte of the answer, took longer than
+    its deadline (httpx's own read timeout is only the gap between two bytes)."""
+
+
+class AnswerTooLarge(Exception):
+    """An answer passed the byte cap; the rest of it was not read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer is larger than {limit:,} bytes")
+        self.limit = limit
+
+
+async def read_capped(response: httpx.Response, max_bytes: int) -> bytes:
+    """Return the body of a streamed response, reading no more than `max_bytes` (AnswerTooLarge past
+    it: a declared Content-Length over the cap is refused before any byte is read)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise AnswerTooLarge(max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise AnswerTooLarge(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def send_bounded(
+    client: httpx.AsyncClient, request: httpx.Request, *, deadline_s: float, max_bytes: int
+) -> tuple[httpx.Response, bytes]:
+    """Return (the response, its body) of `request`, the whole exchange bounded by `deadline_s`
+    seconds (DeadlineExceeded) and the body by `max_bytes` (AnswerTooLarge); memory stays bounded
+    because the body is read as a stream."""
+
+    async def exchange() -> tuple[httpx.Response, bytes]:
+        response = await client.send(request, stream=True)
+        try:
+            return response, await read_capped(response, max_bytes)
+        finally:
+            await response.aclose()
+
+    try:
+        return await asyncio.wait_for(exchange(), deadline_s)
+    except asyncio.TimeoutError as exc:
+        raise DeadlineExceeded(f"no whole answer within {deadline_s:g} s", request=request) from exc
+
+
 def httpx_failure(exc: Exception, what: str) -> Failure | None:
     """Return the Failure for an httpx error met while doing `what`: a status by
     TRANSIENT_STATUSES (with the server's Retry-After and redacted body), a timeout or broken
@@ -177,8 +235,33 @@ def origin(url: str | httpx.URL) -> tuple[str, str, int]:
 
 
 def bearer(token: str | None) -> dict[str, str]:
-    """Return the Authorization header for a bearer token (none without a token)."""
+    """Return the Authorization header for a bearer token (none without a token); the token is
+    registered, so that redact() hides it wherever it is echoed back."""
+    register_secret(token)
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """Return (`url` without its user:password, the basic auth it carried or None). The URL is what
+    gets recorded and shown; the auth goes to the client only, and its password is registered as a
+    secret for redact()."""
+    parts = urlsplit(url.strip())
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    register_secret(unquote(password))
+    register_secret(password)
+    return urlunsplit(parts._replace(netloc=host)), httpx.BasicAuth(unquote(user), unquote(password))
+
+
+# scheme://user:password@ (or scheme://token@): the part of a URL that must never be recorded
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#]*@")
+
+
+def public_url(url: str) -> str:
+    """Return `url` with any user:password removed (also for text that is not a well-formed URL)."""
+    return _USERINFO.sub(r"\1", url)
 
 
 def credentials_stay_home(homes: Callable[[], Iterable[str]]) -> Callable[[Any], None]:
@@ -212,23 +295,50 @@ _ASSIGNED = re.compile(
 )
 REDACTED = "[REDACTED]"
 
+# The variables a run may take a key from (our clients' and the libraries' they drive): their
+# values are redacted whatever their shape, as are the keys and URL passwords a run registers.
+SECRET_ENV_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY", "SGLANG_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN",
+                   "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# A value shorter than this would blank out ordinary words and numbers; no real key is this short.
+MIN_SECRET_CHARS = 4
+_registered: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a credential this run was given (a key from a flag or the environment, a URL
+    password), so that redact() removes its value from any text, whatever its shape."""
+    if value and len(value) >= MIN_SECRET_CHARS:
+        _registered.add(value)
+
+
+def given_secrets() -> list[str]:
+    """Return every credential value the run holds (registered, and in SECRET_ENV_VARS), longest first."""
+    values = set(_registered)
+    values.update(v for name in SECRET_ENV_VARS if len(v := os.environ.get(name, "").strip()) >= MIN_SECRET_CHARS)
+    return sorted(values, key=len, reverse=True)
+
 
 def redact(text: str) -> str:
-    """Return `text` with anything shaped like a credential (sk-..., sk-ant-..., hf_...,
-    'Bearer ...', api_key=..., JWTs, ...) replaced by [REDACTED]."""
+    """Return `text` with every credential replaced by [REDACTED]: the values of the keys this run
+    was given (whatever their shape), user:password in URLs, and anything shaped like a credential
+    (sk-..., sk-ant-..., hf_..., 'Bearer ...', api_key=..., JWTs, ...)."""
+    for value in given_secrets():
+        text = text.replace(value, REDACTED)
+    text = public_url(text)
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub(REDACTED, text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     return _ASSIGNED.sub(lambda m: m.group(1) + REDACTED, text)
 
 
-def error_text(response: httpx.Response, limit: int = 300) -> str:
-    """Return a one-line, redacted summary of an error answer: the JSON error message when the
-    body has one, else the start of the body."""
+def error_text(response: httpx.Response | bytes, limit: int = 300) -> str:
+    """Return a one-line, redacted summary of an error answer (a read response, or its body): the
+    JSON error message when the body has one, else the start of the body."""
+    content = response if isinstance(response, bytes) else response.content
     try:
-        body = response.json()
-    except ValueError:
-        text = response.text
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        text = content[: limit * 4].decode("utf-8", "replace")
     else:
         err = body.get("error", body) if isinstance(body, dict) else body
         if isinstance(err, dict):

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from rich.progress import Progress, TaskID, TextColumn
 
 from curator.errors import CatalogError, ConfigError, EndpointError
+from curator.http import DEFAULT_MAX_ANSWER_BYTES
 from curator.ui import console, progress, summary_table
 
 if TYPE_CHECKING:  # the generate stage imports torch (token-exact rendering): only a run pays for it
@@ -95,7 +96,12 @@ def generate_command(
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Try ids in errors.jsonl again."),
     request_timeout: float = typer.Option(
         1800.0, "--request-timeout", min=0.001,
-        help="Seconds one request may wait for its answer before it counts as a transient failure (retried).",
+        help="Seconds one whole request may take, from sending to the answer's last byte, before it counts "
+             "as a transient failure (retried).",
+    ),
+    max_answer_bytes: int = typer.Option(
+        DEFAULT_MAX_ANSWER_BYTES, "--max-answer-bytes", min=1024,
+        help="Largest answer read from a server (default 16 MiB); a larger one is a failed row, never stored.",
     ),
     max_attempts: int = typer.Option(
         8, "--max-attempts", min=1,
@@ -119,7 +125,7 @@ def generate_command(
             mix=mix, out=out, model=model, endpoints=endpoint, backend=backend, concurrency=concurrency,
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_body=_parse_extra_body(extra_body),
             retry_errors=retry_errors, limit=limit, batch_size=batch_size, device=device, seed=seed,
-            request_timeout_s=request_timeout, max_attempts=max_attempts,
+            request_timeout_s=request_timeout, max_answer_bytes=max_answer_bytes, max_attempts=max_attempts,
             engine=engine, tokenizer=tokenizer,
         )
     except ValidationError as exc:

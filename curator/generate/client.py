@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from curator.generate.scheduler import Scheduler
 from curator.http import RetryPolicy
 
 DEFAULT_TIMEOUT_S = 1800.0  # a whole 4K-token answer of a large model under load
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 if TYPE_CHECKING:
     from curator.generate.token_ids import TokenMode
@@ -77,7 +79,20 @@ def normalize_base_url(url: str) -> str:
     try:
         return http.base_url(url)
     except ValueError as exc:
-        raise EndpointError(f"endpoint {exc}") from exc
+        raise EndpointError(f"endpoint {http.redact(str(exc))}") from exc
+
+
+def encode_body(body: Mapping[str, Any], endpoint: str) -> bytes:
+    """Return a request body as JSON bytes, as httpx would send it; a permanent RequestError for one
+    that cannot be (a lone surrogate in an earlier answer sent back as history, nesting too deep)."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        what = f"its text is not valid Unicode ({exc.reason} at position {exc.start}; an earlier answer held a lone surrogate?)"
+    except (ValueError, TypeError, RecursionError) as exc:
+        what = f"it is not JSON ({type(exc).__name__}: {str(exc)[:200]})"
+    # The same conversation would fail the same way on every try: record it, go on with the others.
+    raise RequestError(f"the request cannot be sent: {what}", status=None, permanent=True, endpoint=endpoint)
 
 
 def split_reasoning(content: str | None, reasoning: str | None) -> tuple[str, str | None]:
@@ -135,8 +150,14 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
 class EndpointClient:
     """One OpenAI-compatible server: `slots` one-connection httpx clients."""
 
-    def __init__(self, url: str, slots: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None) -> None:
-        self.url = normalize_base_url(url)
+    def __init__(self, url: str, slots: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None,
+                 max_answer_bytes: int = http.DEFAULT_MAX_ANSWER_BYTES) -> None:
+        # `url` is what records, generation.json, the catalog and the console show: user:password
+        # is taken out of it and goes to the client as basic auth only.
+        public, auth = http.split_credentials(url)
+        self.url = normalize_base_url(public)
+        self.timeout_s = timeout_s  # the whole exchange's deadline, not only the gap between bytes
+        self.max_answer_bytes = max_answer_bytes
         headers = http.bearer(api_key)
         # Reads may take as long as a whole 4K-token answer; connects and writes must not hang.
         timeout = http.timeout(timeout_s, connect_s=30.0)
@@ -144,7 +165,8 @@ class EndpointClient:
         # One TLS context for all slots: building one reads the CA bundle (~50 ms each).
         tls = httpx.create_ssl_context()
         self._clients = [
-            httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, limits=limits, verify=tls)
+            httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, limits=limits, verify=tls,
+                              auth=auth)
             for _ in range(slots)
         ]
         # An absolute URL object skips httpx's per-request join and parse of base_url + path.
@@ -160,30 +182,39 @@ class EndpointClient:
         return parse_completion(payload, self.url, latency)
 
     async def post(self, slot: int, url: httpx.URL | str, body: Mapping[str, Any]) -> tuple[Any, float]:
-        """Return (the JSON answer, seconds) of one POST on `slot`; raise RequestError."""
+        """Return (the JSON answer, seconds) of one POST on `slot`; raise RequestError. The whole
+        exchange is bounded by the timeout and the answer by `max_answer_bytes`."""
+        client = self._clients[slot]
+        request = client.build_request("POST", url, content=encode_body(body, self.url), headers=JSON_HEADERS)
         start = time.perf_counter()
         try:
-            response = await self._clients[slot].post(url, json=body)
+            response, content = await http.send_bounded(client, request, deadline_s=self.timeout_s,
+                                                        max_bytes=self.max_answer_bytes)
         except httpx.TimeoutException as exc:
-            raise RequestError(f"timed out ({type(exc).__name__})", status=None, permanent=False,
+            raise RequestError(f"timed out ({type(exc).__name__}: {exc})", status=None, permanent=False,
                                endpoint=self.url) from exc
         except httpx.TransportError as exc:
             raise RequestError(f"connection failed ({type(exc).__name__}: {exc})", status=None,
                                permanent=False, endpoint=self.url) from exc
+        except http.AnswerTooLarge as exc:
+            # Nothing a draft trains on is that large; the same request would only fetch it again.
+            raise RequestError(f"{exc} (--max-answer-bytes); not stored", status=200, permanent=True,
+                               endpoint=self.url) from exc
         latency = time.perf_counter() - start
         if response.status_code != 200:
             status = response.status_code
             err = RequestError(
-                f"HTTP {status}: {http.error_text(response, 500)}", status=status,
+                f"HTTP {status}: {http.error_text(content, 500)}", status=status,
                 permanent=not http.is_transient(status), endpoint=self.url,
             )
             err.retry_after = http.parse_retry_after(response.headers)
             raise err
         try:
-            payload = response.json()
-        except ValueError as exc:
-            raise RequestError(f"answer from {self.url} is not JSON", status=200, permanent=False,
-                               endpoint=self.url) from exc
+            payload = json.loads(content)
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deep" if isinstance(exc, RecursionError) else "not JSON"
+            raise RequestError(f"answer from {self.url} is {why}", status=200, permanent=False,
+                               endpoint=self.url) from None
         return payload, latency
 
     async def check(self, model: str, extra_body: Mapping[str, Any], retry: RetryPolicy) -> None:
@@ -225,6 +256,7 @@ class OpenAIBackend:
         concurrency: int = 64,
         retry: RetryPolicy = RetryPolicy(),
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_answer_bytes: int = http.DEFAULT_MAX_ANSWER_BYTES,
         tokens: TokenMode | None = None,
     ) -> None:
         if not urls:
@@ -236,7 +268,8 @@ class OpenAIBackend:
         self.tokens = tokens  # token-exact requests (token_ids.py) instead of chat completions
         self.endpoints: dict[str, EndpointClient] = {}
         for url in urls:
-            client = EndpointClient(url, concurrency, timeout_s=timeout_s, api_key=api_key)
+            client = EndpointClient(url, concurrency, timeout_s=timeout_s, api_key=api_key,
+                                    max_answer_bytes=max_answer_bytes)
             if client.url in self.endpoints:
                 raise EndpointError(f"endpoint {client.url} was given twice")
             self.endpoints[client.url] = client

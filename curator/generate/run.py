@@ -14,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from curator import http
 from curator.errors import ConfigError
 from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
 from curator.generate.conversation import output_record, regenerate
@@ -43,6 +46,7 @@ from curator.generate.shards import (
 from curator.mix.schema import BadRow, Mix, MixRow, open_mix
 
 Backend = OpenAIBackend | TransformersBackend
+T = TypeVar("T")
 
 
 class GenerateConfig(BaseModel):
@@ -73,7 +77,8 @@ class GenerateConfig(BaseModel):
     shard_seconds: float = Field(30.0, gt=0.0)
     max_attempts: int = Field(8, ge=1)
     retry_base_s: float = Field(0.5, ge=0.0)
-    request_timeout_s: float = Field(1800.0, gt=0.0)
+    request_timeout_s: float = Field(1800.0, gt=0.0, description="deadline of one whole request, answer included")
+    max_answer_bytes: int = Field(http.DEFAULT_MAX_ANSWER_BYTES, ge=1024, description="largest answer read")
 
 
 # Settings that change the answers; endpoints, concurrency, retries, timeouts and shard sizes do not.
@@ -139,7 +144,8 @@ def make_backend(config: GenerateConfig) -> Backend:
                                    seed=config.seed)
     retry = RetryPolicy(max_attempts=config.max_attempts, base_delay_s=config.retry_base_s)
     return OpenAIBackend(config.endpoints, config.model, params, concurrency=config.concurrency, retry=retry,
-                         timeout_s=config.request_timeout_s, tokens=token_mode(config, params))
+                         timeout_s=config.request_timeout_s, max_answer_bytes=config.max_answer_bytes,
+                         tokens=token_mode(config, params))
 
 
 def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | None:
@@ -163,8 +169,34 @@ def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | No
 
 def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
     """Return the stats of a run that regenerates every missing answer of `config.mix` into
-    `config.out` (resuming whatever an earlier run left)."""
-    return asyncio.run(generate_async(config, on_progress))
+    `config.out` (resuming whatever an earlier run left). SIGTERM ends it as Ctrl-C does: the
+    buffered rows are written, generation.json says `interrupted`, KeyboardInterrupt is raised."""
+    try:
+        return asyncio.run(_until_sigterm(generate_async(config, on_progress)))
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+
+
+async def _until_sigterm(work: Awaitable[T]) -> T:
+    with _cancel_on_sigterm():
+        return await work
+
+
+@contextmanager
+def _cancel_on_sigterm() -> Iterator[None]:
+    # As `curator scout` does: SIGTERM (a scheduler, `kill`) cancels the run's task, so every
+    # finally runs (shards flushed, status written) instead of the process dying with rows in memory.
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    try:
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # type: ignore[union-attr]
+    except (ValueError, RuntimeError, NotImplementedError):
+        yield  # not the main thread (a caller running this in a thread): its own signals apply
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
@@ -262,6 +294,7 @@ class _Run:
         """Write generation.json: config, sampling, status and the stats so far."""
         self.stats.status = status
         cfg = self.config.model_dump(mode="json")
+        cfg["endpoints"] = [http.public_url(e) for e in cfg["endpoints"]]  # user:password is never recorded
         write_json_atomic(self.out / META_FILE, {
             "run_id": self.stats.run_id,
             "status": status,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from curator.errors import ConfigError
+from curator.http import redact
 from training import atomic
 from training.diskspace import named_disk_full
 from training.outlock import OutputBusyError
@@ -209,7 +210,9 @@ class ErrorLog:
             write_atomic(self.path, _error_lines(self.records.values()))
 
     def add(self, record: dict[str, Any]) -> None:
-        """Append one failure and push it to disk (failures are rare; losing one is worse)."""
+        """Append one failure and push it to disk (failures are rare; losing one is worse). Its
+        texts are redacted: an error may quote a server that echoed the run's key back."""
+        record = {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in record.items()}
         with named_disk_full(self.path.parent):
             if self._fh is None:
                 self._fh = open(self.path, "a", encoding="ascii")
