@@ -42,6 +42,7 @@ class CaptureSettings:
     concurrency: int = 8  # vllm requests in flight per endpoint
     retries: int = 4  # vllm
     path_map: str | None = None  # vllm: ENGINE_DIR=LOCAL_DIR
+    shared_dir: str = "/tmp/curator-hidden-states"  # vllm: the engine's shared_storage_path (what it names)
     check_disk: bool = True
 
     @property
@@ -131,8 +132,8 @@ def _capture_vllm(
     from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
 
     mapping = tuple(s.path_map.split("=", 1)) if s.path_map else None
-    opts = VllmOptions(endpoints=[e.rstrip("/") for e in s.endpoints], model=s.model, concurrency=s.concurrency,
-                       retries=s.retries, path_map=mapping, api_key=api_key_from_env())
+    opts = VllmOptions(endpoints=[e.rstrip("/") for e in s.endpoints], model=s.model, shared_dir=s.shared_dir,
+                       concurrency=s.concurrency, retries=s.retries, path_map=mapping, api_key=api_key_from_env())
     norm = load_final_norm(local) if meta.has_final else None
     with claim_store(s.out):  # one run per store; what a killed run left is removed first
         stats = asyncio.run(extract_vllm(opts, tokenizer, iter_generation(s.data, read), s.out, meta, norm=norm,

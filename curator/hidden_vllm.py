@@ -9,6 +9,12 @@ each conversation exactly as the transformers backend does (same ids, same loss 
 ids to /v1/completions (max_tokens 1), checks and reads the file, stores the sample in the same
 shard store, and deletes the engine's file.
 
+What an answer names is untrusted: the client reads and removes only a `*.safetensors` file
+directly inside the shared folder it was configured with (--shared-dir, seen through --path-map),
+never through a symlink. vLLM names each file `<shared_storage_path>/<request id>.safetensors`
+(ExampleHiddenStatesConnector.request_finished); any other path is refused with a named error and
+nothing is read or removed.
+
 vLLM answers before the file is written: the connector creates `path + ".lock"` holding an
 exclusive flock before the answer leaves, writes the file on a background thread, and releases the
 lock when the write is done (vllm/distributed/kv_transfer/kv_connector/v1/
@@ -31,6 +37,7 @@ import fcntl
 import json
 import os
 import shlex
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -57,6 +64,8 @@ class VllmOptions:
 
     endpoints: list[str]
     model: str
+    # The engine's shared_storage_path: the one folder whose files this client reads and removes.
+    shared_dir: str
     concurrency: int = 8
     retries: int = 4
     timeout_s: float = 600.0
@@ -67,6 +76,12 @@ class VllmOptions:
     # The engine's shared_storage_path as the client sees it, when mounted elsewhere: (engine, local).
     path_map: tuple[str, str] | None = None
     api_key: str | None = None
+    # Basic auth per endpoint root, from user:password in an --endpoint URL (which is shown without it).
+    auth: dict[str, httpx.Auth] = dataclasses.field(default_factory=dict)
+
+    def auth_for(self, url: str) -> Any:
+        """Return the credentials to send to `url` (the client's default when it came without any)."""
+        return self.auth.get(url, httpx.USE_CLIENT_DEFAULT)
 
 
 def engine_layer_ids(meta: StoreMeta) -> list[int]:
@@ -158,9 +173,29 @@ class _Retry(Exception):
     """A failure of one answer that a new request may not repeat."""
 
 
+def _plain_file(path: Path) -> bool:
+    """Return whether `path` is a plain file, not a symlink (False when missing); _Fatal for anything else."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise _Fatal(f"{path} in the shared folder is a symlink or not a plain file; it was not read or removed")
+    return True
+
+
+def _remove_plain(path: Path) -> None:
+    # Only what the engine wrote, a plain file, is removed: never a symlink or what it points to.
+    try:
+        if stat.S_ISREG(path.lstat().st_mode):
+            path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
+
+
 def _load(path: Path) -> dict[str, torch.Tensor]:
     """Return the tensors of a safetensors file; _Retry when it is missing or unreadable."""
-    if not path.exists():
+    if not _plain_file(path):
         raise _Retry(f"the engine's file {path} is missing")
     try:
         return load_file(str(path))
@@ -179,14 +214,14 @@ async def read_engine_file(path: Path, *, lock_wait_s: float, file_wait_s: float
             return await _read_under_shared_lock(path, lock, lock_wait_s, file_wait_s)
         return await _read_when_parsable(path, file_wait_s)
     finally:
-        lock.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
+        _remove_plain(lock)
+        _remove_plain(path)
 
 
 async def _read_under_shared_lock(path: Path, lock: Path, lock_wait_s: float, file_wait_s: float) -> dict[str, torch.Tensor]:
     deadline = time.monotonic() + lock_wait_s
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return await _read_when_parsable(path, file_wait_s)
     try:
@@ -233,6 +268,29 @@ class VllmExtractor:
                 return Path(dst + engine_path[len(src):])
         return Path(engine_path)
 
+    def engine_file(self, engine_path: str) -> Path:
+        """Return the local path of the file an answer names, once it is one this client may read and
+        remove: a `*.safetensors` name directly inside the shared folder, neither it nor its lock a
+        symlink or anything but a plain file. _Fatal otherwise, before anything is read or removed."""
+        shared = self.local_path(self.opts.shared_dir)
+        where = f"--shared-dir {self.opts.shared_dir}" + (f" seen here as {shared}" if str(shared) != self.opts.shared_dir else "")
+        if not shared.is_dir():
+            raise _Fatal(
+                f"the engine's shared folder ({where}) is not visible here: mount its shared_storage_path on this "
+                "machine, or pass --path-map ENGINE_DIR=LOCAL_DIR"
+            )
+        path = self.local_path(engine_path)
+        inside = path.is_absolute() and path.parent.resolve() == shared.resolve()
+        if not inside or not path.name.endswith(".safetensors") or path.name.startswith("."):
+            raise _Fatal(
+                f"the engine named {engine_path!r} as its hidden-states file, which is not a .safetensors file "
+                f"directly inside its shared folder ({where}); nothing was read or removed. Start vLLM with the "
+                "--kv-transfer-config of --print-server-command (same --shared-dir), or pass --path-map ENGINE_DIR=LOCAL_DIR"
+            )
+        for p in (path, Path(f"{path}.lock")):
+            _plain_file(p)  # missing is fine: not written yet, or an engine that makes no lock
+        return path
+
     async def request(self, client: httpx.AsyncClient, url: str, s: PreparedSample) -> HiddenStateSample:
         """Return the sample captured by the engine at `url`; retry transient failures."""
         ids = s.input_ids.tolist()
@@ -242,7 +300,7 @@ class VllmExtractor:
 
         async def once(attempt: int) -> HiddenStateSample:
             nonlocal file_problem
-            resp = await client.post(f"{url}/v1/completions", json=body)
+            resp = await client.post(f"{url}/v1/completions", json=body, auth=self.opts.auth_for(url))
             resp.raise_for_status()
             try:
                 data = resp.json()
@@ -291,12 +349,7 @@ class VllmExtractor:
                 "the answer has no kv_transfer_params.hidden_states_path: start vLLM with the command from "
                 "`curator hidden-states --backend vllm --print-server-command`"
             )
-        path = self.local_path(str(engine_path))
-        if not path.parent.is_dir():
-            raise _Fatal(
-                f"the engine writes into {Path(engine_path).parent}, which is not visible here ({path.parent} missing): "
-                "mount its shared_storage_path on this machine, or pass --path-map ENGINE_DIR=LOCAL_DIR"
-            )
+        path = self.engine_file(str(engine_path))
         tensors = await read_engine_file(path, lock_wait_s=self.opts.timeout_s, file_wait_s=self.opts.file_wait_s)
         return self.to_sample(tensors, s, ids, path)
 
@@ -331,7 +384,7 @@ async def check_endpoints(client: httpx.AsyncClient, opts: VllmOptions) -> None:
     """Raise EndpointError unless every endpoint is up and serves `opts.model`."""
     for url in opts.endpoints:
         try:
-            resp = await client.get(f"{url}/v1/models")
+            resp = await client.get(f"{url}/v1/models", auth=opts.auth_for(url))
             resp.raise_for_status()
             served = [m.get("id") for m in resp.json().get("data", [])]
         except (httpx.HTTPError, ValueError) as exc:
@@ -354,10 +407,17 @@ async def extract_vllm(
     """Capture every not-yet-stored record through the engines into the store; return the counts."""
     if not opts.endpoints:
         raise ConfigError("--backend vllm needs at least one --endpoint URL")
-    try:
-        opts = dataclasses.replace(opts, endpoints=[http.base_url(url) for url in opts.endpoints])
-    except ValueError as exc:
-        raise ConfigError(f"--endpoint {exc}") from exc
+    roots: list[str] = []
+    auth: dict[str, httpx.Auth] = {}
+    for given in opts.endpoints:
+        public, credentials = http.split_credentials(given)  # user:password is sent, never shown
+        try:
+            roots.append(http.base_url(public))
+        except ValueError as exc:
+            raise ConfigError(f"--endpoint {http.redact(str(exc))}") from exc
+        if credentials is not None:
+            auth[roots[-1]] = credentials
+    opts = dataclasses.replace(opts, endpoints=roots, auth=auth)
     stats = ExtractStats()
     start = time.perf_counter()
     extractor = VllmExtractor(opts, meta, norm)

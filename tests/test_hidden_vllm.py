@@ -26,8 +26,9 @@ def target(tiny_target: Path) -> tuple[Any, Any]:
 
 
 def vllm_args(tiny_target: Path, url: str, gen: Path, out: Path) -> list[str]:
+    shared = out.parent / "shared"  # where every test's FakeVllmServer writes
     return ["hidden-states", "--backend", "vllm", "--endpoint", url, "--model", str(tiny_target),
-            "--data", str(gen), "--out", str(out), "--concurrency", "3", "--force"]
+            "--data", str(gen), "--out", str(out), "--concurrency", "3", "--force", "--shared-dir", str(shared)]
 
 
 def test_both_backends_store_the_same_tensors(tiny_target: Path, tmp_path: Path, target: tuple[Any, Any]) -> None:
@@ -75,7 +76,7 @@ def test_transient_engine_errors_are_retried(tiny_target: Path, tmp_path: Path, 
     gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(4)])
     meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
     with FakeVllmServer(tiny_target, tmp_path / "shared", ENGINE_LAYERS, served_name="tiny", flaky=3) as server:
-        opts = VllmOptions([server.url], "tiny", concurrency=2, backoff_s=0.01)
+        opts = VllmOptions([server.url], "tiny", str(tmp_path / "shared"), concurrency=2, backoff_s=0.01)
         stats = asyncio.run(extract_vllm(opts, tok, iter_generation(gen), tmp_path / "s", meta,
                                          norm=load_final_norm(tiny_target)))
     assert stats.stored == 4 and stats.failed == 0 and server.requests == 7
@@ -134,7 +135,7 @@ def test_slow_engine_writes_are_waited_for_not_requested_again(tiny_target: Path
     meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
     shared = tmp_path / "shared"
     with FakeVllmServer(tiny_target, shared, ENGINE_LAYERS, served_name="tiny", write_delay_s=0.3) as server:
-        opts = VllmOptions([server.url + "/v1/"], "tiny", concurrency=2, backoff_s=0.01)
+        opts = VllmOptions([server.url + "/v1/"], "tiny", str(shared), concurrency=2, backoff_s=0.01)
         stats = asyncio.run(extract_vllm(opts, tok, iter_generation(gen), tmp_path / "s", meta,
                                          norm=load_final_norm(tiny_target)))
     assert stats.stored == 4 and stats.failed == 0
@@ -167,3 +168,41 @@ def test_reader_takes_the_shared_lock_before_reading(tmp_path: Path) -> None:
     tensors = asyncio.run(scenario())
     assert torch.equal(tensors["token_ids"], torch.arange(3))
     assert not path.exists() and not Path(f"{path}.lock").exists()
+
+
+def _victims(root: Path) -> list[Path]:
+    """Files a hostile engine may name: a note and a valid safetensors file outside the shared folder."""
+    from safetensors.torch import save_file
+
+    (root / "elsewhere").mkdir()
+    note, states = root / "notes.txt", root / "elsewhere" / "cmpl-9.safetensors"
+    note.write_text("keep me")
+    save_file({"hidden_states": torch.zeros(2, 4, 8), "token_ids": torch.arange(2)}, str(states))
+    return [note, states]
+
+
+@pytest.mark.parametrize("named", ["note", "outside", "dotdot", "symlink"])
+def test_a_path_the_engine_names_outside_its_shared_folder_is_never_read_or_removed(
+    tiny_target: Path, tmp_path: Path, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    note, states = _victims(tmp_path)
+    shared = tmp_path / "shared"
+
+    def report(path: Path) -> str:
+        if named == "note":
+            return str(note)
+        if named == "outside":
+            return str(states)
+        if named == "dotdot":
+            return f"{shared}/../elsewhere/{states.name}"
+        link = shared / f"link-{path.name}"  # inside the folder, pointing out of it
+        link.symlink_to(states)
+        return str(link)
+
+    gen = write_gen(tmp_path / "gen", [conversation(0)])
+    with FakeVllmServer(tiny_target, shared, ENGINE_LAYERS, report=report) as server:
+        code = main([*vllm_args(tiny_target, server.url, gen, tmp_path / "s"), "--retries", "0"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and ("nothing was read or removed" in err or "not read or removed" in err)
+    assert note.read_text() == "keep me" and states.exists()  # nothing outside the folder removed
+    assert "unexpected" not in err

@@ -152,7 +152,7 @@ def hidden_states(
     concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight per vLLM endpoint."),
     retries: int = typer.Option(4, "--retries", help="Retries of a failed vLLM request (exponential backoff)."),
     target_dir: Optional[Path] = typer.Option(None, "--target-dir", help="Local target directory (config, tokenizer, norm weights) for --backend vllm when --model is a served name."),
-    shared_dir: str = typer.Option(DEFAULT_SHARED_DIR, "--shared-dir", help="The engine's shared_storage_path (for --print-server-command)."),
+    shared_dir: str = typer.Option(DEFAULT_SHARED_DIR, "--shared-dir", help="The engine's shared_storage_path: put in the --print-server-command command, and the only folder whose files a capture reads and removes."),
     path_map: Optional[str] = typer.Option(None, "--path-map", help="ENGINE_DIR=LOCAL_DIR when the engine's shared dir is mounted elsewhere here."),
     tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", help="vLLM --tensor-parallel-size in the printed command."),
     port: int = typer.Option(8000, "--port", help="Port in the printed vLLM command."),
@@ -172,7 +172,8 @@ def hidden_states(
     settings = CaptureSettings(
         model=model, data=data, out=out, target_dir=target_dir, layer_ids=layer_ids, dtype=dtype,
         has_final=not no_final, max_len=max_len, batch_tokens=batch_tokens, backend=backend,
-        endpoints=endpoint or [], concurrency=concurrency, retries=retries, path_map=path_map, check_disk=not force,
+        endpoints=endpoint or [], concurrency=concurrency, retries=retries, path_map=path_map, shared_dir=shared_dir,
+        check_disk=not force,
     )
     read = GenerationReadStats()
     quiet_library_progress()

@@ -17,6 +17,7 @@ own capture code.
 Faults, for the failure tests (`fault=`): "truncate" (half a file), "missing" (no file),
 "wrong_layers" (one layer too few), "wrong_ids" (echoes other prompt ids), "hidden_dir" (reports
 a path under a directory the client cannot see), "flaky" (503 on the first `flaky` requests).
+A hostile engine: `report(path)` returns what the answer names instead of the file it wrote.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class FakeVllmServer:
         fault: str | None = None,
         flaky: int = 0,
         write_delay_s: float = 0.05,
+        report: Callable[[Path], str] | None = None,
     ) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.shared = Path(shared_dir)
@@ -59,6 +61,7 @@ class FakeVllmServer:
         self.fault = fault
         self.flaky = flaky
         self.write_delay_s = write_delay_s
+        self.report = report
         self.writers: list[threading.Thread] = []
         self.requests = 0
         self.prompts: list[list[int]] = []
@@ -174,6 +177,8 @@ class FakeVllmServer:
         reported = str(path)
         if self.fault == "hidden_dir":
             reported = f"/nonexistent-engine-volume/{path.name}"
+        if self.report is not None:
+            reported = self.report(path)
         echoed = list(ids) if self.fault != "wrong_ids" else list(ids[:-1])
         answer = {
             "id": f"cmpl-{rid}",
