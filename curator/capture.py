@@ -80,7 +80,7 @@ def remaining_samples(
 ) -> int:
     """Raise when the rest of the run will not fit at `out`; return the samples still to capture."""
     left: Iterator[dict[str, Any]] = (r for r in iter_generation(data) if r["id"] not in done)
-    lengths, how, _ = data_lengths(left, tokenizer)
+    lengths, how, _ = data_lengths(left, tokenizer, shape.vocab_size)
     if not lengths:
         return 0
     result = make_plan(shape, lengths=lengths, max_len=max_len, dtype=meta.dtype, n_aux=len(meta.aux_layer_ids),

@@ -428,7 +428,8 @@ async def extract_vllm(
         async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
             await check_endpoints(client, opts)
             work: asyncio.Queue[PreparedSample | None] = asyncio.Queue(maxsize=4 * opts.concurrency * len(opts.endpoints))
-            samples = prepare_samples(records, tokenizer, stats, done=writer.done_ids(), max_len=max_len)
+            samples = prepare_samples(records, tokenizer, stats, done=writer.done_ids(), max_len=max_len,
+                                      vocab_size=meta.vocab_size)
 
             async def produce() -> None:
                 for s in samples:

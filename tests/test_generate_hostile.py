@@ -173,3 +173,33 @@ def test_sigterm_keeps_the_buffered_rows_and_says_interrupted(tmp_path: Path) ->
     kept = stored_ids(out)
     assert 20 <= len(kept) < n
     assert json.loads((out / "generation.json").read_text())["status"] == "interrupted"
+
+
+# ---------------------------------------------------------------- token ids out of range
+
+from fakes.token_servers import FakeSGLangServer, FakeVLLMServer  # noqa: E402
+from test_chat_templates import tokenizer  # noqa: E402
+from test_token_exact import run, tok_dir, weather_policy  # noqa: E402,F401 (tok_dir: a fixture)
+
+WILD_IDS = {"negative": -1, "huge": 2**70, "past": None}  # None: just past the tokenizer
+
+
+@pytest.mark.parametrize("server_cls", [FakeSGLangServer, FakeVLLMServer])
+def test_output_ids_out_of_range_are_one_failed_row_each_never_stored(
+    tmp_path: Path, tok_dir: Path, server_cls: type
+) -> None:
+    class WildIds(server_cls):  # type: ignore[misc, valid-type]
+        def generate(self, prompt_ids: list[int]) -> tuple[str, list[int], int]:
+            text, ids, end = super().generate(prompt_ids)
+            prompt = self.tokenizer.decode(prompt_ids)
+            for marker, wild in WILD_IDS.items():
+                if marker in prompt:
+                    ids = [*ids[:-1], len(self.tokenizer) if wild is None else wild, ids[-1]]
+            return text, ids, end
+
+    rows = [{"id": m, "messages": [{"role": "user", "content": f"{m} please"}]} for m in [*WILD_IDS, "plain"]]
+    with WildIds(tokenizer("qwen3"), weather_policy) as server:
+        recs, errs = run(tmp_path, server, tok_dir, rows)
+    assert set(recs) == {"plain"}
+    assert {e["id"] for e in errs} == set(WILD_IDS)
+    assert all("outside the tokenizer" in e["error"] and e["permanent"] for e in errs)

@@ -325,3 +325,23 @@ def test_async_host_copy_matches_a_plain_copy(dtype: str) -> None:
         q, scale = quantize_fp8(aux.reshape(32, -1), 3)
         assert torch.equal(host.aux.view(torch.uint8), q.reshape(2, 16, -1).cpu().view(torch.uint8))
         assert torch.equal(host.aux_scale, scale.reshape(2, 16, 3).cpu())
+
+
+def _token_record(sid: str, completion_ids: list[int]) -> dict[str, Any]:
+    return {"id": sid, "mode": "token", "messages": [
+        {"role": "user", "content": "a", "train": False}, {"role": "assistant", "content": "b", "train": True}],
+        "generations": [{"message": 1, "prompt_ids": [5, 6, 7], "completion_ids": completion_ids}]}
+
+
+def test_token_ids_past_the_vocabulary_or_int64_are_one_malformed_record_each(
+    tmp_path: Path, target: tuple[Any, Any]
+) -> None:
+    model, tok = target
+    vocab = model.config.vocab_size
+    records = [conversation(0), _token_record("at_vocab", [8, vocab]), _token_record("huge", [8, 2**64]),
+               _token_record("ok", [8, 9])]
+    gen = write_gen(tmp_path / "gen", records)
+    meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
+    stats = extract(model, tok, iter_generation(gen), tmp_path / "store", meta)
+    assert stats.malformed == 2 and stats.stored == 2
+    assert sorted(HiddenStateStore.open(tmp_path / "store").ids()) == ["c000", "ok"]

@@ -123,3 +123,13 @@ def test_hidden_states_refuses_a_run_that_will_not_fit_unless_forced(
     assert not (tmp_path / "store" / "meta.json").exists()
     assert main([*args, "--force"]) == 0
     assert "stored now" in capsys.readouterr().err
+
+
+def test_plan_counts_a_record_with_an_id_past_int64_as_malformed(tiny_target: Path, tmp_path: Path) -> None:
+    from tests.test_hidden_states import _token_record, conversation, write_gen
+
+    gen = write_gen(tmp_path / "gen", [conversation(0), _token_record("huge", [8, 2**64]), _token_record("past", [8, 10**6])])
+    res = CliRunner().invoke(app, ["plan", "--model", str(tiny_target), "--data", str(gen), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["samples"] == 1 and "2 malformed" in data["lengths_from"]

@@ -43,6 +43,7 @@ from training.chat_tokens import (
 )
 from training.distributed import init_distributed
 from training.errors import ModelMismatchError, TrainingError
+from training.id_range import check_generation_ids
 from training.layers import CONVENTION, check_layer_ids, default_aux_layers
 from training.outlock import OutputBusyError, OutputLock
 from training.target_config import text_part
@@ -191,8 +192,10 @@ def prepare_samples(
     max_len: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    vocab_size: int | None = None,
 ) -> Iterator[PreparedSample]:
-    """Yield this rank's not-yet-stored records, tokenised with the chat template; count the rest."""
+    """Yield this rank's not-yet-stored records, tokenised with the chat template; count the rest
+    (a record with a token id the target cannot take, at or past `vocab_size`, is malformed)."""
     seen: set[str] = set()
     for rec in records:
         stats.records += 1
@@ -210,6 +213,7 @@ def prepare_samples(
             continue
         seen.add(sid)
         try:
+            check_generation_ids(rec, vocab_size)
             rows = tokenize_rows(rec, tokenizer, max_len=max_len)
         except MalformedRecordError:
             stats.malformed += 1
@@ -329,7 +333,8 @@ def extract(
         copier = HostCopier()
         try:
             samples = prepare_samples(
-                records, tokenizer, stats, done=writer.done_ids(), max_len=max_len, rank=rank, world_size=world_size
+                records, tokenizer, stats, done=writer.done_ids(), max_len=max_len, rank=rank, world_size=world_size,
+                vocab_size=meta.vocab_size,
             )
             for chunk in _windows(samples, window):
                 for batch in length_batches([len(s.input_ids) for s in chunk], batch_tokens):

@@ -17,6 +17,7 @@ from typing import Any
 
 from training.chat_tokens import MalformedRecordError, template_messages, template_options, tokenize_rows
 from training.errors import TrainingError
+from training.id_range import check_generation_ids
 from training.target_config import config_path, read_target_config
 from training.store import bytes_per_token
 
@@ -72,13 +73,17 @@ def record_length(record: dict[str, Any], tokenizer: Any | None) -> tuple[int, s
     return max(1, chars // 4), "chars/4"
 
 
-def data_lengths(records: Iterable[dict[str, Any]], tokenizer: Any | None) -> tuple[list[int], str, int]:
-    """Return (per-sample token counts, measurement method, malformed records skipped)."""
+def data_lengths(
+    records: Iterable[dict[str, Any]], tokenizer: Any | None, vocab_size: int | None = None
+) -> tuple[list[int], str, int]:
+    """Return (per-sample token counts, measurement method, malformed records skipped: a token id
+    outside the int64 range, or at/past `vocab_size` when given, makes a record malformed)."""
     lengths: list[int] = []
     methods: set[str] = set()
     bad = 0
     for rec in records:
         try:
+            check_generation_ids(rec, vocab_size)
             n, how = record_length(rec, tokenizer)
         except MalformedRecordError:
             bad += 1

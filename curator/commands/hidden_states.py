@@ -95,7 +95,7 @@ def plan(
 
         tokenizer = load_tokenizer(Path(model))
         with console.status("measuring sample lengths"):
-            lengths, how, bad = data_lengths(iter_generation(data, read), tokenizer)
+            lengths, how, bad = data_lengths(iter_generation(data, read), tokenizer, shape.vocab_size)
         how = f"{data} ({how}; {read.malformed + bad} malformed skipped)"
     result = make_plan(
         shape, lengths=lengths, samples=samples, avg_tokens=avg_tokens, max_len=max_len, dtype=dtype,

@@ -282,6 +282,7 @@ class TokenMode:
         self.params = params
         self._end_strings = sorted({s for s in getattr(self.tokenizer, "all_special_tokens", []) if s}, key=len,
                                    reverse=True)
+        self.vocab = len(self.tokenizer)  # ids at or past this cannot be decoded, checked, or embedded later
 
     def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> TokenRequest:
         """Return the engine request for the target's answer to `messages`."""
@@ -301,6 +302,10 @@ class TokenMode:
                               mode="text", mode_reason=f"{self.engine} engine returned text without token ids")
         if answer.stop_token is not None and (not ids or ids[-1] != answer.stop_token):
             ids = ids + [answer.stop_token]  # the end-of-turn token is part of what the draft must learn
+        bad = next((i for i in ids if not 0 <= i < self.vocab), None)
+        if bad is not None:  # never stored: hidden-states would index past the target's embedding
+            raise RequestError(f"{endpoint} returned token id {bad}, outside the tokenizer's {self.vocab} ids",
+                               status=200, permanent=True, endpoint=endpoint)
         decoded = self.tokenizer.decode(ids, skip_special_tokens=False)
         if not self._matches(decoded, answer.text):
             raise RequestError(f"{endpoint} returned token ids that do not decode to its text "
