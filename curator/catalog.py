@@ -327,22 +327,51 @@ class Catalog:
             return _read_version(con)
 
     def migrate(self) -> int:
-        """Bring the file to SCHEMA_VERSION; return the version it had before."""
-        with self.connect() as con:
-            con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            before = _read_version(con)
-            if before > SCHEMA_VERSION:
-                raise CatalogError(
-                    f"catalog {self.path} has schema version {before}, newer than this curator "
-                    f"understands ({SCHEMA_VERSION}); upgrade curator"
-                )
-            for version in range(before, SCHEMA_VERSION):
-                con.execute(MIGRATIONS[version])
-            if before != SCHEMA_VERSION:
-                con.execute("DELETE FROM schema_version")
-                con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
-            con.execute(CANDIDATE_SUMMARY_VIEW)
+        """Bring the file to SCHEMA_VERSION, and restore tables and columns that were dropped by
+        hand; return the version it had before. A schema that cannot be restored is a CatalogError
+        naming what is missing."""
+        try:
+            with self.connect() as con:
+                con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+                before = _read_version(con)
+                if before > SCHEMA_VERSION:
+                    raise CatalogError(
+                        f"catalog {self.path} has schema version {before}, newer than this curator "
+                        f"understands ({SCHEMA_VERSION}); upgrade curator"
+                    )
+                for version in range(before, SCHEMA_VERSION):
+                    con.execute(MIGRATIONS[version])
+                if before != SCHEMA_VERSION:
+                    con.execute("DELETE FROM schema_version")
+                    con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
+                self._repair(con)
+                con.execute(CANDIDATE_SUMMARY_VIEW)
+        except duckdb.Error as exc:
+            raise CatalogError(
+                f"catalog {self.path}: its schema cannot be brought up to date "
+                f"({str(exc).strip().splitlines()[0]}); move the file aside to start a new catalog"
+            ) from exc
         return before
+
+    def _repair(self, con: duckdb.DuckDBPyConnection) -> None:
+        # A table or column dropped by hand (the duckdb CLI, an older curator without the
+        # `curator sql` guard): the idempotent migrations create what is missing, empty; the
+        # candidates table gets its status check back through the rebuild of migration 3.
+        missing = _missing_schema(con)
+        if not missing:
+            return
+        lost_candidates = "candidates" in missing and missing["candidates"] == _expected_schema()["candidates"]
+        con.execute(MIGRATIONS[0])
+        con.execute(MIGRATIONS[1])
+        if lost_candidates:
+            con.execute(MIGRATIONS[2])
+        still = _missing_schema(con)
+        if still:
+            named = "; ".join(f"{t}: {', '.join(sorted(c))}" for t, c in sorted(still.items()))
+            raise CatalogError(
+                f"catalog {self.path} lacks columns curator needs ({named}), changed by hand; restore the "
+                "file from a copy, or move it aside to start a new catalog"
+            )
 
     # -- generic SQL -----------------------------------------------------------------------
 
@@ -650,6 +679,40 @@ class _Turnstile:
         finally:
             os.close(fd)
         return False
+
+
+_EXPECTED: dict[str, frozenset[str]] = {}
+
+
+def _expected_schema() -> dict[str, frozenset[str]]:
+    """Return the tables and columns the migrations make (built once, in memory)."""
+    if not _EXPECTED:
+        con = duckdb.connect(":memory:")
+        try:
+            for migration in MIGRATIONS:
+                con.execute(migration)
+            _EXPECTED.update(_schema(con))
+        finally:
+            con.close()
+    return _EXPECTED
+
+
+def _schema(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
+    rows = con.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = 'main' AND table_catalog = current_database()"
+    ).fetchall()
+    tables: dict[str, set[str]] = {}
+    for table, column in rows:
+        tables.setdefault(table, set()).add(column)
+    return {t: frozenset(c) for t, c in tables.items()}
+
+
+def _missing_schema(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
+    """Return {table: the expected columns it lacks} (every column for a table that is gone)."""
+    have = _schema(con)
+    missing = {t: cols - have.get(t, frozenset()) for t, cols in _expected_schema().items()}
+    return {t: cols for t, cols in missing.items() if cols}
 
 
 def _read_version(con: duckdb.DuckDBPyConnection) -> int:

@@ -3,6 +3,11 @@
 A query that only reads files (`SELECT ... FROM 'mix/*.parquet'`) needs no catalog, so where
 the catalog file does not exist yet such a query runs in an in-memory database and leaves no
 `catalog.duckdb` behind; any other statement opens (and so creates) the catalog.
+
+Review is reads and row changes: SELECT (DESCRIBE, SHOW, SUMMARIZE), EXPLAIN, UPDATE, INSERT,
+DELETE, MERGE and transactions. Everything else (DROP, ALTER, CREATE, ATTACH, COPY, EXPORT, LOAD,
+PRAGMA, CALL, SET, ...) is refused before any statement runs, by DuckDB's own statement type: the
+other stages rely on the catalog's schema, and a file written by COPY lands wherever it says.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from curator.catalog import Catalog, resolve_path
 from curator.errors import CatalogError, ConfigError
 
 _READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+_ROW_CHANGES = {duckdb.StatementType.UPDATE, duckdb.StatementType.INSERT, duckdb.StatementType.DELETE,
+                duckdb.StatementType.MERGE_INTO, duckdb.StatementType.TRANSACTION}
+ALLOWED = _READ_ONLY | _ROW_CHANGES
 
 
 @dataclass
@@ -41,9 +49,22 @@ def split_statements(text: str) -> list[Any]:
     return statements
 
 
+def refuse_schema_changes(statements: list[Any]) -> None:
+    """Raise ConfigError, before anything runs, when a statement is not a read or a row change."""
+    for statement in statements:
+        if statement.type not in ALLOWED:
+            kind = statement.type.name.replace("_", " ")
+            raise ConfigError(
+                f"`curator sql` runs reads and row changes (SELECT, UPDATE, INSERT, DELETE), not {kind}: "
+                f"{' '.join(statement.query.split())[:80]!r}; the catalog's schema belongs to curator "
+                "(use the duckdb CLI on a copy of the file for anything else)"
+            )
+
+
 def run_sql(text: str, catalog: str | os.PathLike[str] | None = None) -> list[StatementResult]:
     """Return the result of every statement in `text`, in order (the catalog's, or in memory; see the module)."""
     statements = split_statements(text)
+    refuse_schema_changes(statements)
     path = resolve_path(catalog)
     if not path.exists() and all(s.type in _READ_ONLY for s in statements):
         return _run_in_memory(statements, path)

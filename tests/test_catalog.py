@@ -182,3 +182,53 @@ def test_catalog_held_open_by_another_program_says_so(catalog: Catalog, capsys: 
         holder.kill()
         holder.wait()
     assert Catalog.open(catalog.path).query("SELECT 1")[1] == [(1,)]
+
+
+@pytest.mark.parametrize("statement", [
+    "DROP TABLE candidates",
+    "ALTER TABLE candidates DROP COLUMN relevance",
+    "CREATE TABLE junk (x INT)",
+    "ATTACH 'other.duckdb'",
+    "COPY (SELECT 1) TO 'out.csv'",
+    "SELECT 1; DROP TABLE candidates",
+])
+def test_sql_refuses_schema_changes_before_running_anything(
+    catalog: Catalog, statement: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    catalog.add_candidate("r", "a", "org/ds", "chat", 0.9, "why", 100)
+    assert main(["sql", statement, "--catalog", str(catalog.path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "reads and row changes" in err and "unexpected" not in err
+    assert len(Catalog.open(catalog.path).candidates()) == 1  # nothing ran, the schema is whole
+    assert "junk" not in _tables(catalog.path)
+    assert main(["sql", "UPDATE candidates SET status = 'approved'", "--catalog", str(catalog.path)]) == 0
+
+
+def test_sql_help_says_review_is_reads_and_row_changes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sql", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "reads and row changes" in out and "refused" in out
+
+
+def test_a_catalog_whose_tables_were_dropped_by_hand_is_restored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.duckdb"
+    Catalog.open(path).add_candidate("r", "a", "org/ds", "chat", 0.9, "why", 100)
+    con = duckdb.connect(str(path))
+    con.execute("DROP VIEW candidate_summary; DROP TABLE candidates; DROP TABLE generation_runs")
+    con.close()
+    assert main(["catalog", "list", "--catalog", str(path)]) == 0
+    cat = Catalog.open(path)
+    assert {"candidates", "generation_runs"} <= _tables(path) and cat.candidates() == []
+    with pytest.raises(CatalogError, match="(?i)constraint"):  # the status check came back with the table
+        cat.query("INSERT INTO candidates (dataset_id, status) VALUES ('x', 'aproved')")
+
+
+def test_a_catalog_missing_a_column_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.duckdb"
+    Catalog.open(path)
+    con = duckdb.connect(str(path))
+    con.execute("DROP VIEW candidate_summary; ALTER TABLE candidates DROP COLUMN relevance")
+    con.close()
+    assert main(["catalog", "list", "--catalog", str(path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "candidates: relevance" in err and "unexpected" not in err

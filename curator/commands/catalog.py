@@ -29,7 +29,9 @@ class OutputFormat(str, Enum):
 
 
 def sql(
-    statement: str = typer.Argument(..., help="SQL: SELECT, UPDATE, a query over parquet files; several separated by ';'."),
+    statement: str = typer.Argument(..., help="SQL for review, reads and row changes: SELECT (also over parquet files), "
+                                   "UPDATE, INSERT, DELETE; several separated by ';'. Schema changes (DROP, ALTER, "
+                                   "CREATE, ATTACH, COPY, ...) are refused."),
     format: OutputFormat = typer.Option(
         OutputFormat.table, "--format", "-f",
         help="table (for reading; long cells cut to the terminal), or csv, json, markdown (whole values, for scripts).",
