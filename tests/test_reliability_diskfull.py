@@ -119,3 +119,15 @@ def test_a_torch_save_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
     disk = tmp_path / "disk"
     rc, err, _ = on_small_disk("256k", disk, sys.executable, "-c", script, str(disk))
     assert rc == 1 and "DiskFullError" in err and _says_disk_full(err, disk)
+
+
+def test_a_safetensors_file_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
+    # safetensors' writer reports a full disk as SafetensorError("... (os error 28)"), which is
+    # neither an OSError nor a RuntimeError: the stages that save_file (checkpoints) must still say it.
+    script = ("import sys, torch; from pathlib import Path; from safetensors.torch import save_file\n"
+              "from training.diskspace import named_disk_full\n"
+              "d = Path(sys.argv[1])\n"
+              "with named_disk_full(d):\n    save_file({'w': torch.zeros(1 << 18)}, str(d / 'model.safetensors'))\n")
+    disk = tmp_path / "disk"
+    rc, err, _ = on_small_disk("256k", disk, sys.executable, "-c", script, str(disk))
+    assert rc == 1 and "DiskFullError" in err and _says_disk_full(err, disk)
