@@ -203,6 +203,6 @@ def test_a_path_the_engine_names_outside_its_shared_folder_is_never_read_or_remo
     with FakeVllmServer(tiny_target, shared, ENGINE_LAYERS, report=report) as server:
         code = main([*vllm_args(tiny_target, server.url, gen, tmp_path / "s"), "--retries", "0"])
     err = " ".join(capsys.readouterr().err.split())
-    assert code == 1 and ("nothing was read or removed" in err or "not read or removed" in err)
     assert note.read_text() == "keep me" and states.exists()  # nothing outside the folder removed
+    assert code == 1 and ("nothing was read or removed" in err or "not read or removed" in err)
     assert "unexpected" not in err
