@@ -138,3 +138,20 @@ def test_error_text_reads_the_json_message_and_redacts_it() -> None:
     response = httpx.Response(401, json={"error": {"message": "Incorrect API key provided: sk-abcdefghijklmnop1234"}})
     assert http.error_text(response) == "Incorrect API key provided: [REDACTED]"
     assert http.error_text(httpx.Response(502, text="<html>\n bad gateway \n</html>")) == "<html> bad gateway </html>"
+
+
+def test_redact_removes_the_value_of_every_key_the_run_holds_whatever_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "plainword-7")
+    http.register_secret("Zq9.x")
+    text = http.redact("engine said: key plainword-7 and Zq9.x refused at http://bob:hunter22@h:8000/v1")
+    assert text == "engine said: key [REDACTED] and [REDACTED] refused at http://h:8000/v1"
+
+
+def test_url_credentials_are_split_off_and_sent_as_basic_auth() -> None:
+    public, auth = http.split_credentials("http://alice:p%40ss@h:30000/v1")
+    assert public == "http://h:30000/v1" and http.public_url("https://tok@h/x") == "https://h/x"
+    request = next(auth.auth_flow(httpx.Request("GET", public)))  # type: ignore[union-attr]
+    assert request.headers["authorization"] == httpx.BasicAuth("alice", "p@ss").auth_flow(
+        httpx.Request("GET", public)).__next__().headers["authorization"]
+    assert http.redact("p@ss leaked") == "[REDACTED] leaked"
+    assert http.split_credentials("http://h:1") == ("http://h:1", None)
