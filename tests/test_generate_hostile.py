@@ -203,19 +203,3 @@ def test_output_ids_out_of_range_are_one_failed_row_each_never_stored(
     assert set(recs) == {"plain"}
     assert {e["id"] for e in errs} == set(WILD_IDS)
     assert all("outside the tokenizer" in e["error"] and e["permanent"] for e in errs)
-
-
-def test_a_lone_surrogate_in_token_mode_history_is_one_failed_row(tmp_path: Path, tok_dir: Path) -> None:
-    class SurrogateText(FakeVLLMServer):  # a vLLM without token ids: the answer is its text
-        def answer(self, path: str, body: dict) -> tuple[int, dict]:
-            status, payload = super().answer(path, body)
-            if path == "/v1/completions" and "bad" in self.tokenizer.decode(body["prompt"]):
-                payload["choices"][0]["text"] = "half a pair \ud800"
-            return status, payload
-
-    rows = [{"id": i, "messages": [{"role": "user", "content": f"{i} one"}, {"role": "user", "content": f"{i} two"}]}
-            for i in ("bad", "plain")]
-    with SurrogateText(tokenizer("qwen3"), weather_policy, legacy=True) as server:
-        recs, errs = run(tmp_path, server, tok_dir, rows)
-    assert set(recs) == {"plain"} and [e["id"] for e in errs] == ["bad"]
-    assert "not valid Unicode" in errs[0]["error"] and errs[0]["permanent"]

@@ -329,12 +329,7 @@ class OpenAIBackend:
         """Return the target's answer to `messages`; retry transient failures with backoff on
         the least-loaded endpoint (another one than the one that failed, where possible); raise
         RequestError when the failure is permanent or the attempts are spent."""
-        request = None
-        if self.tokens is not None:
-            # The tokenizer refuses text that is not valid Unicode with a bare TypeError: the check
-            # the chat body gets (encode_body) makes it this row's permanent error instead.
-            encode_body({"messages": messages, "tools": tools}, "")
-            request = self.tokens.request(messages, tools)
+        request = self.tokens.request(messages, tools) if self.tokens is not None else None
         body = self.body(messages, tools) if request is None else request.body
         avoid: str | None = None
 
