@@ -204,8 +204,9 @@ def _print_server_command(
     stdout.print(server_command(model, meta, shared_dir, port=port, tensor_parallel=tensor_parallel), highlight=False)
     console.print(layer_explanation(meta), highlight=False)
     console.print(
-        f"The engine writes one file per request into {shared_dir}; this client reads and deletes them, so that "
-        "directory must be visible here at the same path (or pass --path-map ENGINE_DIR=LOCAL_DIR).",
+        f"The engine writes one file per request into {shared_dir}; the capture (same --shared-dir) reads and "
+        "deletes them there and nowhere else, so that directory must be visible here at the same path (or pass "
+        "--path-map ENGINE_DIR=LOCAL_DIR).",
         highlight=False,
     )
 
