@@ -134,7 +134,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         try:
             data = safe_load(text)  # no aliases: a 460-byte "billion laughs" file is refused, not expanded
         except yaml.YAMLError as exc:
-            raise TrainingError(f"{p} is not valid YAML: {' '.join(str(exc).split())}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise TrainingError(f"{p}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     else:
         try:
             data = json.loads(text)
