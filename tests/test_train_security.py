@@ -198,3 +198,18 @@ def test_a_checkpoint_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
     assert "rc=1" in proc.stdout and "DiskFullError: disk full at" in err and "bytes free" in err, err
     assert "SafetensorError" not in err.split("DiskFullError")[-1]
     assert ".tmp" not in proc.stdout  # the half-written checkpoint folder was removed
+
+
+def test_every_torch_load_in_the_project_is_weights_only() -> None:
+    import ast
+
+    unsafe = []
+    for folder in ("training", "curator", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"):
+                    flag = next((k.value for k in node.keywords if k.arg == "weights_only"), None)
+                    if not (isinstance(flag, ast.Constant) and flag.value is True):
+                        unsafe.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unsafe, f"torch.load without weights_only=True: {unsafe}"

@@ -30,7 +30,7 @@ store's manifest: readers see only the shards it names, and a run starting on a 
 what is named nowhere (temporaries and unindexed shards of a killed run, `remove_stale_files`).
 
 A store may come from elsewhere (copied, downloaded), so opening one checks its index against its
-shards before anything is read (`check_index`, `check_shards`): every shard named is a plain file
+shards before anything is read (`check_entry`, `check_shards`): every shard named is a plain file
 of `shards/`, every entry's rows lie inside its shard, and every tensor has the rows, widths and
 dtype the meta promises. What does not fit is a StoreIntegrityError naming the file, the sample
 and the field.
