@@ -91,23 +91,17 @@ def test_a_truncated_shard_is_named_when_the_store_opens(tmp_path: Path) -> None
         HiddenStateStore.open(store)
 
 
-def test_a_short_loss_mask_is_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name, cut, says", [
+    ("loss_mask", lambda t: t[:-2], r"tensor 'loss_mask' has 18 rows where input_ids has 20"),  # a short loss mask
+    ("aux", lambda t: t[:, : 2 * H].contiguous(), r"tensor 'aux' is BF16 \[20, 16\], expected BF16 \[rows, 24\]"),
+])
+def test_a_shard_tensor_that_does_not_fit_the_meta_is_named(tmp_path: Path, name: str, cut, says: str) -> None:
     store = make_store(tmp_path / "store")
     shard = only_shard(store)
     tensors = load_file(str(shard))
-    tensors["loss_mask"] = tensors["loss_mask"][:-2]
+    tensors[name] = cut(tensors[name])
     save_file(tensors, str(shard))
-    with pytest.raises(StoreIntegrityError, match=r"tensor 'loss_mask' has 18 rows where input_ids has 20"):
-        HiddenStateStore.open(store)
-
-
-def test_a_shard_of_the_wrong_width_is_named(tmp_path: Path) -> None:
-    store = make_store(tmp_path / "store")
-    shard = only_shard(store)
-    tensors = load_file(str(shard))
-    tensors["aux"] = tensors["aux"][:, : 2 * H].contiguous()
-    save_file(tensors, str(shard))
-    with pytest.raises(StoreIntegrityError, match=r"tensor 'aux' is BF16 \[20, 16\], expected BF16 \[rows, 24\]"):
+    with pytest.raises(StoreIntegrityError, match=says):
         HiddenStateStore.open(store)
 
 

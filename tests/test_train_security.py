@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from curator.cli import main
 from curator.errors import ConfigError
 from curator.mix.recipe import load_recipe
+from test_reliability_diskfull import _small_disk_works
 from test_trainer import make_store, read_metrics, tiny_config
 from training.checkpoint import TRAINER_STATE, latest_checkpoint
 from training.errors import DivergedError, StoreIntegrityError, TrainingError
@@ -168,15 +169,6 @@ def test_a_long_value_of_the_wrong_type_is_not_copied_into_the_error(tmp_path: P
     path.write_text(json.dumps({"lr": ["x"] * 100_000, "data": "d", "target": "t", "out": "o"}))
     with pytest.raises(TrainingError, match="'lr' must be float, got a list of 100000 items"):
         load_run_config(path)
-
-
-def _small_disk_works() -> bool:
-    try:
-        probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                               capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
 
 
 @pytest.mark.skipif(not _small_disk_works(), reason="needs unshare -rm and tmpfs mounts")
