@@ -3,7 +3,9 @@
 A run directory holds `checkpoints/step-NNNNNNN/` folders (each published by one rename) and
 `checkpoints/latest.json` naming the newest. A checkpoint folder holds:
 - `draft.safetensors`: the draft's trainable weights (float32; no embedding, which is the target's);
-- `trainer_state.pt`: optimizer, scheduler, RNG, data position, pending metric sums (resume only);
+- `trainer_state.pt`: optimizer, scheduler, RNG, data position, pending metric sums (resume only):
+  tensors and plain values only, read back with `torch.load(weights_only=True)`, so a planted or
+  tampered file cannot run code on `--resume`;
 - `meta.json`: the format, `draft_config` (whose `aux_layer_ids` are the one record of the layers
   the draft was trained on, in training.layers.CONVENTION), the target (`target_dir`,
   `target_config`), the store it was trained on, the vocab summary, `ttt_steps`, `train_config`
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import uuid
@@ -28,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from training.atomic import write_text
 from training.diskspace import named_disk_full
 from training.draft import DraftConfig, Eagle3Draft
-from training.errors import ModelMismatchError, TrainingError
+from training.errors import DivergedError, ModelMismatchError, TrainingError
 from training.layers import check_layer_ids
 from training.target_head import load_embeddings
 
@@ -39,6 +42,7 @@ REQUIRED_META = ("draft_config", "target_dir", "step")
 REQUIRED_WEIGHTS = ("fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
 WEIGHTS = "draft.safetensors"
 TRAINER_STATE = "trainer_state.pt"
+TRAINER_STATE_KEYS = ("optimizer", "scheduler", "rng", "step", "pending_sums", "pending_tokens")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -68,7 +72,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def save_checkpoint(
     run_dir: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None
 ) -> Path:
-    """Write checkpoints/step-NNNNNNN/ (weights, meta, optimizer state) atomically; return it."""
+    """Write checkpoints/step-NNNNNNN/ (weights, meta, optimizer state) atomically; return it.
+
+    Refuses (DivergedError) weights that hold NaN or inf: no checkpoint of a diverged run is kept.
+    """
+    bad = nonfinite_tensors(draft.trainable_state_dict())
+    if bad:
+        raise DivergedError(f"the draft's weights hold NaN/inf ({', '.join(bad[:3])}) at step {meta['step']}: "
+                            "training diverged; not saving it (lower lr or grad_clip and train again)")
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{int(meta['step']):07d}"
@@ -155,12 +166,38 @@ def load_checkpoint_draft(ckpt: str | Path, target_dir: str | Path | None = None
     return draft, meta
 
 
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Return the names of the floating-point tensors that hold NaN or inf (one host sync for all)."""
+    names = [k for k, v in tensors.items() if v.is_floating_point()]
+    if not names:
+        return []
+    finite = torch.stack([torch.isfinite(tensors[k]).all() for k in names]).cpu()
+    return [k for k, ok in zip(names, finite.tolist()) if not ok]
+
+
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
-    """Return the optimizer/scheduler/RNG/data-position state saved with a checkpoint."""
+    """Return the optimizer/scheduler/RNG/data-position state saved with a checkpoint.
+
+    Read with `weights_only=True`: only tensors and plain values unpickle, so a planted file
+    cannot run code. A file that needs more (another tool's, or tampered with) is refused.
+    """
+    path = ckpt / TRAINER_STATE
     try:
-        return torch.load(ckpt / TRAINER_STATE, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise TrainingError(f"{ckpt}/{TRAINER_STATE} is unreadable ({exc}); resume from an earlier checkpoint") from exc
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise TrainingError(
+            f"{path} holds objects other than tensors and plain values, which only a full unpickling could "
+            "load, and that can run code: refusing it. It was not written by this toolkit, or was tampered "
+            f"with. Resume from another checkpoint of the run (move {ckpt.name} aside and point "
+            "checkpoints/latest.json at an earlier step-* folder), or start a new run in another out; "
+            f"its weights ({WEIGHTS}) are safe to export as they are"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise TrainingError(f"{path} is unreadable ({exc}); resume from an earlier checkpoint") from exc
+    missing = [k for k in TRAINER_STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise TrainingError(f"{path} lacks {missing}: not a trainer state of this toolkit; resume from an earlier checkpoint")
+    return state
 
 
 def rng_state() -> dict[str, Any]:

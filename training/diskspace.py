@@ -1,28 +1,27 @@
 """Disk-full, said as such: every stage names the folder and the bytes left instead of a bare OSError.
 
 A full disk shows up as ENOSPC (or EDQUOT, over a quota) from any write, inside torch's zip
-writer as a RuntimeError ("unexpected pos ..."), and inside safetensors' writer as a SafetensorError
-("I/O error: No space left on device (os error 28)"); all become one DiskFullError whose message
-is "disk full at PATH: N bytes free", which the CLI prints as one line.
+writer as a RuntimeError ("unexpected pos ..."), and inside safetensors' writer as a
+SafetensorError ("... No space left on device (os error 28)"); all become one DiskFullError whose
+message is "disk full at PATH: N bytes free", which the CLI prints as one line.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from safetensors import SafetensorError
 
 from training.errors import TrainingError
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # torch.save reports a short write of its zip container this way (it drops the errno).
 _TORCH_SHORT_WRITE = ("unexpected pos", "PytorchStreamWriter failed writing")
-# safetensors' Rust writer keeps only the OS error's text and number (28 ENOSPC, 122 EDQUOT).
-_SAFETENSORS_FULL = ("(os error 28)", "(os error 122)")
+# safetensors (Rust) keeps the errno only in its message: "I/O error: ... (os error 28)".
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 class DiskFullError(TrainingError):
@@ -44,10 +43,10 @@ def is_disk_full(exc: BaseException) -> bool:
     """Return whether `exc` is a write that failed for want of space."""
     if isinstance(exc, OSError):
         return exc.errno in _FULL_ERRNOS
-    if isinstance(exc, RuntimeError):
-        return any(mark in str(exc) for mark in _TORCH_SHORT_WRITE)
-    if isinstance(exc, SafetensorError):
-        return any(mark in str(exc) for mark in _SAFETENSORS_FULL)
+    if isinstance(exc, RuntimeError) and any(mark in str(exc) for mark in _TORCH_SHORT_WRITE):
+        return True
+    if type(exc).__name__ == "SafetensorError":  # matched by name: this module stays standard library only
+        return any(int(code) in _FULL_ERRNOS for code in _RUST_OS_ERROR.findall(str(exc)))
     return False
 
 
@@ -61,7 +60,7 @@ def named_disk_full(path: str | Path) -> Iterator[None]:
     """Turn a disk-full failure inside the block into a DiskFullError naming `path`; other errors pass."""
     try:
         yield
-    except (OSError, RuntimeError, SafetensorError) as exc:
+    except Exception as exc:  # noqa: BLE001 - only a disk-full is turned; everything else passes as it was
         if isinstance(exc, DiskFullError) or not is_disk_full(exc):
             raise
         raise disk_full_error(path) from exc

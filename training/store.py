@@ -29,6 +29,12 @@ samples are simply captured again on resume; nothing half-written is ever read. 
 store's manifest: readers see only the shards it names, and a run starting on a store removes
 what is named nowhere (temporaries and unindexed shards of a killed run, `remove_stale_files`).
 
+A store may come from elsewhere (copied, downloaded), so opening one checks its index against its
+shards before anything is read (`check_entry`, `check_shards`): every shard named is a plain file
+of `shards/`, every entry's rows lie inside its shard, and every tensor has the rows, widths and
+dtype the meta promises. What does not fit is a StoreIntegrityError naming the file, the sample
+and the field.
+
 One run writes a store at a time (`lock_store`, a lock file naming the PID); within a run each
 writer session (a torchrun rank) holds a lock on its own index part, so `merge_index` never
 removes the part of a writer that is still running.
@@ -51,12 +57,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from training.atomic import TMP_MARK, write_json
 from training.diskspace import named_disk_full
 from training.layers import CONVENTION, normalise
-from training.errors import StoreError
+from training.errors import StoreError, StoreIntegrityError
 from training.outlock import OutputLock
 from training.shard_file import write_parts
 from training.tempfiles import remove_matching
@@ -165,9 +171,9 @@ class HiddenStateSample:
         """Return False when any captured state holds NaN or inf."""
         if self.finite is not None:
             return self.finite
-        if not bool(torch.isfinite(self.aux.float()).all()):
-            return False
-        return self.final is None or bool(torch.isfinite(self.final.float()).all())
+        # fp8 values read as stored come with their scales: a NaN/inf scale poisons the row too
+        parts = (self.aux, self.final, self.aux_scale, self.final_scale)
+        return all(bool(torch.isfinite(t.float()).all()) for t in parts if t is not None)
 
 
 def quantize_fp8(x: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,11 +215,36 @@ def _read_json(path: Path) -> Any:
         raise StoreError(f"{path} is not valid JSON ({exc}); restore it or delete the store and capture again") from exc
 
 
+def check_entry(sid: str, entry: Any, where: Path) -> None:
+    """Refuse an index entry whose fields could read outside the store or outside its rows.
+
+    The shard must be a plain `.safetensors` file name of `shards/` (no folder, no `..`, not a
+    temporary), the offset an int >= 0 and the length an int >= 1.
+    """
+    def bad(field: str, why: str) -> StoreIntegrityError:
+        return StoreIntegrityError(f"{where}: sample {sid!r}: {field} {why}; the index is damaged or "
+                                   "was not written by this toolkit: capture the store again")
+
+    if not isinstance(entry, dict):
+        raise bad("entry", f"is {type(entry).__name__}, not an object")
+    shard = entry.get("shard")
+    if (not isinstance(shard, str) or shard.startswith(".") or not shard.endswith(".safetensors")
+            or any(c in shard for c in ("/", "\\", "\0"))):
+        raise bad("shard", f"{shard!r} is not a file name in the store's shards/ folder (a plain *.safetensors name)")
+    for name, least in (("offset", 0), ("length", 1)):
+        value = entry.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise bad(name, f"is {value!r}, not an integer >= {least}")
+    if not isinstance(entry.get("category", ""), str) or not isinstance(entry.get("mode", ""), str):
+        raise bad("category/mode", "is not a string")
+
+
 def read_index(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Return (samples: id -> entry, skipped: id -> reason) merged over index.json and every part.
 
     Parts are read in name order (writer names start with a timestamp), and the first entry for
-    an id wins, so the order of samples is the order they were captured in.
+    an id wins, so the order of samples is the order they were captured in. Every entry is
+    checked (`check_entry`); a malformed file or entry is a StoreIntegrityError naming it.
     """
     samples: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
@@ -225,10 +256,14 @@ def read_index(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         files.extend(sorted(p for p in parts.glob("*.json") if not p.name.startswith(".")))
     for path in files:
         data = _read_json(path)
+        if not isinstance(data, dict) or not all(isinstance(data.get(k, {}), dict) for k in ("samples", "skipped")):
+            raise StoreIntegrityError(f"{path} is not a store index (an object with \"samples\" and \"skipped\" "
+                                      "objects); the store is damaged: capture it again")
         for sid, entry in data.get("samples", {}).items():
+            check_entry(sid, entry, path)
             samples.setdefault(sid, entry)
         for sid, reason in data.get("skipped", {}).items():
-            skipped.setdefault(sid, reason)
+            skipped.setdefault(sid, str(reason))
     for sid in samples:
         skipped.pop(sid, None)
     return samples, skipped
@@ -523,6 +558,74 @@ class StoreWriter:
                 self._part_lock = None
 
 
+def shard_tensors(meta: StoreMeta) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Return what every shard of a store holds: tensor name -> (allowed safetensors dtypes, shape after the rows)."""
+    states = ("F8_E4M3",) if meta.dtype == "fp8" else ("BF16",)
+    want: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+        "input_ids": (("I32", "I64"), ()),
+        "loss_mask": (("BOOL",), ()),
+        "aux": (states, (meta.aux_width,)),
+    }
+    if meta.has_final:
+        want["final"] = (states, (meta.hidden_size,))
+    if meta.dtype == "fp8":
+        want["aux_scale"] = (("F32",), (len(meta.aux_layer_ids),))
+        if meta.has_final:
+            want["final_scale"] = (("F32",), (1,))
+    return want
+
+
+def _shard_rows(path: Path, meta: StoreMeta) -> int:
+    """Return the row count of shard `path` after checking that it is whole and holds what `meta` says."""
+    try:
+        with safe_open(str(path), framework="pt") as h:
+            present = set(h.keys())
+            slices = {name: h.get_slice(name) for name in shard_tensors(meta) if name in present}
+            shapes = {name: (sl.get_dtype(), list(sl.get_shape())) for name, sl in slices.items()}
+    except (OSError, SafetensorError) as exc:
+        raise StoreIntegrityError(f"shard {path} is damaged ({exc}); was it copied completely? "
+                                  "Copy it again or capture the store again") from exc
+    rows: int | None = None
+    for name, (dtypes, tail) in shard_tensors(meta).items():
+        if name not in shapes:
+            raise StoreIntegrityError(f"shard {path} has no tensor {name!r}; the store's meta.json promises it")
+        dtype, shape = shapes[name]
+        if dtype not in dtypes or len(shape) != 1 + len(tail) or tuple(shape[1:]) != tail:
+            raise StoreIntegrityError(f"shard {path}: tensor {name!r} is {dtype} {shape}, expected "
+                                      f"{'/'.join(dtypes)} [rows{''.join(f', {d}' for d in tail)}] for this store's meta.json")
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            raise StoreIntegrityError(f"shard {path}: tensor {name!r} has {shape[0]} rows where input_ids has {rows}")
+    return int(rows or 0)
+
+
+def check_shards(root: Path, meta: StoreMeta, entries: dict[str, dict[str, Any]]) -> None:
+    """Refuse a store whose index does not fit its shards; StoreIntegrityError names the shard, sample and field.
+
+    Reads only each shard's header, once per shard (a few ms for a thousand shards).
+    """
+    shards_dir = (root / "shards").resolve()
+    by_shard: dict[str, list[str]] = {}
+    for sid, entry in entries.items():
+        by_shard.setdefault(entry["shard"], []).append(sid)
+    for name, sids in by_shard.items():
+        path = root / "shards" / name
+        if not path.exists():
+            raise StoreIntegrityError(f"shard {path} named in the index (sample {sids[0]!r}) is missing; "
+                                      "the store was copied incompletely")
+        if path.resolve().parent != shards_dir:
+            raise StoreIntegrityError(f"shard {path} (sample {sids[0]!r}) is a link to {path.resolve()}, outside "
+                                      f"{shards_dir}; refusing to read it")
+        rows = _shard_rows(path, meta)
+        for sid in sids:
+            entry = entries[sid]
+            if entry["offset"] + entry["length"] > rows:
+                raise StoreIntegrityError(
+                    f"{root}: sample {sid!r}: offset {entry['offset']} + length {entry['length']} runs past the end "
+                    f"of shard {name} ({rows} rows); the index does not belong to these shards")
+
+
 class HiddenStateStore:
     """Read access to a store: ids in capture order, samples by id, dequantised to bf16.
 
@@ -557,6 +660,7 @@ class HiddenStateStore:
             raise StoreError(f"{root} is not a hidden-state store (no meta.json); run `curator hidden-states` first")
         meta = StoreMeta.from_json(_read_json(meta_path))
         entries, skipped = read_index(root)
+        check_shards(root, meta, entries)
         return cls(root, meta, entries, skipped, dequantize=dequantize)
 
     def ids(self) -> list[str]:
@@ -588,10 +692,13 @@ class HiddenStateStore:
     def _handle(self, shard: str) -> Any:
         h = self._handles.get(shard)
         if h is None:
-            path = self.root / "shards" / shard
+            path = self.root / "shards" / shard  # a plain name of shards/, checked when the store was opened
             if not path.exists():
                 raise StoreError(f"shard {path} named in the index is missing; the store was copied incompletely")
-            h = safe_open(str(path), framework="pt")
+            try:
+                h = safe_open(str(path), framework="pt")
+            except SafetensorError as exc:  # changed on disk since the store was opened
+                raise StoreIntegrityError(f"shard {path} is damaged ({exc}); copy it again or capture again") from exc
             self._handles[shard] = h
             if len(self._handles) > 16:  # bound open files on stores with thousands of shards
                 self._handles.popitem(last=False)

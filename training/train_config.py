@@ -1,5 +1,6 @@
 """The training run's config: one dataclass holding every option, read from JSON (or YAML when
-PyYAML is installed), so that a run is reproducible from the file that names it."""
+PyYAML is installed, through training.safe_yaml: no aliases), so that a run is reproducible from
+the file that names it."""
 
 from __future__ import annotations
 
@@ -105,7 +106,15 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if t is str and isinstance(value, (str, Path)):
             return str(value)
     wanted = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
-    raise TrainingError(f"training config {name!r} must be {wanted}, got {value!r}")
+    raise TrainingError(f"training config {name!r} must be {wanted}, got {_excerpt(value)}")
+
+
+def _excerpt(value: Any, limit: int = 80) -> str:
+    """Return the start of `value`'s repr: an error names a value without copying a huge one into the message."""
+    if isinstance(value, (dict, list)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -118,12 +127,16 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if p.suffix in (".yaml", ".yml"):
         try:
             import yaml  # optional: the GPU box may lack it; JSON always works
+
+            from training.safe_yaml import safe_load
         except ImportError as exc:
             raise TrainingError(f"{p} is YAML but PyYAML is not installed; install it or convert to JSON") from exc
         try:
-            data = yaml.safe_load(text)
+            data = safe_load(text)  # no aliases: a 460-byte "billion laughs" file is refused, not expanded
         except yaml.YAMLError as exc:
-            raise TrainingError(f"{p} is not valid YAML: {exc}") from exc
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise TrainingError(f"{p}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     else:
         try:
             data = json.loads(text)

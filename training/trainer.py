@@ -49,8 +49,10 @@ from training.checkpoint import (
 from training.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from training.draft import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, StoreError, TrainingError
+from training.nonfinite import NonFiniteWatch
 from training.objective import N_SUMS, TTTObjective, metric_sums, step_counts, summarize, target_signals
 from training.online import OnlineStates
+from training.outlock import OutputLock
 from training.simulate import simulated_eval
 from training.store import HiddenStateStore, StoreMeta
 from training.target_config import read_target_config
@@ -62,6 +64,7 @@ from training.vocab import DraftVocab, build_vocab, count_tokens
 MetricsCallback = Callable[[dict[str, Any]], None]
 # Options that change how a run is watched or where it runs, never what it learns.
 RESUME_INSENSITIVE = ("device", "log_every", "eval_every", "save_every", "out")
+LOCK_FILE = ".train.lock"
 
 
 @dataclass
@@ -158,6 +161,20 @@ def _resolve_vocab(
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def _logged_records(path: Path, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the last train and eval records logged at `step`: a finished run's result, read back on --resume."""
+    found: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("step") == step and record.get("split") in ("train", "eval"):
+                found[record["split"]] = record
+    return found.get("train", {}), found.get("eval", {})
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -292,6 +309,13 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
     return run
 
 
+def run_lock(out: str | Path) -> OutputLock | nullcontext[None]:
+    """Return the lock that makes one run at a time the writer of `out` (taken by rank 0; other ranks follow it)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return nullcontext()
+    return OutputLock(out, LOCK_FILE, "`curator train`")
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -303,8 +327,18 @@ def train(
 
     `resume` continues the run in `cfg.out` from its latest checkpoint exactly (weights,
     optimizer, scheduler, RNG, data position, pending metric sums). `stop_after_steps` ends this
-    session after that many optimizer steps with a checkpoint, for time-sliced jobs.
+    session after that many optimizer steps with a checkpoint, for time-sliced jobs. A second run
+    into the same `out` while one is live is refused (OutputBusyError naming its PID); a loss,
+    weights or states that turn NaN/inf stop the run (DivergedError, StoreIntegrityError) before
+    anything non-finite is saved.
     """
+    with run_lock(cfg.out):
+        return _train(cfg, resume=resume, on_metrics=on_metrics, stop_after_steps=stop_after_steps)
+
+
+def _train(
+    cfg: TrainConfig, *, resume: bool, on_metrics: MetricsCallback | None, stop_after_steps: int | None
+) -> TrainResult:
     run = setup(cfg, resume)
     draft, store, head, device, dist_info = run.draft, run.store, run.head, run.device, run.dist
     world, rank = dist_info.world_size, dist_info.rank
@@ -321,9 +355,11 @@ def train(
         )
     weights = torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64)
     lengths = {sid: min(store.length(sid), cfg.max_length) for sid in run.train_ids}
+    watch = NonFiniteWatch(store, {n: p for n, p in draft.named_parameters() if p.requires_grad}, device, step)
 
     def save(at_step: int) -> Path:
         path = run.run_dir / "checkpoints" / f"step-{at_step:07d}"
+        watch.check(at_step, pending, scheduler.get_last_lr()[0])  # never a checkpoint of NaNs
         if dist_info.is_main:
             path = save_checkpoint(run.run_dir, draft, {**run.meta, "step": at_step}, {
                 "optimizer": optimizer.state_dict(),
@@ -390,6 +426,7 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             for i, cpu_batch in enumerate(loaded):
                 batch = cpu_batch.to(device, run.data_dtype)
+                watch.watch(batch)
                 sig = target_signals(batch, head, draft.draft_ids(), draft.t2d)
                 sync = i == len(loaded) - 1 or not dist_info.enabled
                 ctx = nullcontext() if sync else objective.no_sync()  # type: ignore[operator]
@@ -407,6 +444,7 @@ def train(
             if step % cfg.log_every == 0 or step == total_steps:
                 totals = all_reduce_sum(pending.to(device)).cpu()
                 tokens = int(all_reduce_sum(torch.tensor([pending_tokens], device=device)).item())
+                watch.check(step, totals, scheduler.get_last_lr()[0])
                 elapsed = time.perf_counter() - t_log
                 last_train = {
                     "split": "train", "step": step, "epoch": round(step / batches_per_epoch, 4),
@@ -426,7 +464,10 @@ def train(
                 break
     finally:
         prefetch.close()
-    if step == total_steps:
+    if step == total_steps and resumed and session_steps == 0:
+        # a finished run resumed: its final eval is logged already; read it back, do not log it again
+        last_train, last_eval = _logged_records(run.run_dir / "metrics.jsonl", step)
+    elif step == total_steps:
         last_eval = run_eval(step) or last_eval
     path = save(step) if last_saved != step else run.run_dir / "checkpoints" / f"step-{step:07d}"
     if dist_info.is_main and step == total_steps:

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from curator.errors import ConfigError
+from training.safe_yaml import safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 FORMAT_NAMES = (
     "auto",
@@ -188,7 +189,7 @@ def load_recipe(path: str | Path) -> Recipe:
     except OSError as exc:
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

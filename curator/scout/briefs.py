@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from curator.errors import ConfigError
+from training.safe_yaml import safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 AGENTS_DIR_ENV = "CURATOR_AGENTS_DIR"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)(.*)\Z", re.S)
@@ -104,7 +105,7 @@ def parse_brief(text: str, path: Path | None = None) -> Brief:
     if not match:
         raise ConfigError(f"{where}: a brief starts with YAML front matter between '---' lines")
     try:
-        meta = yaml.safe_load(match.group(1))
+        meta = safe_load(match.group(1))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: front matter is not valid YAML: {exc}") from exc
     if not isinstance(meta, dict):

@@ -1,0 +1,40 @@
+"""YAML for files the user did not write (recipes, run configs, briefs): plain data, no aliases.
+
+`yaml.safe_load` builds no objects, but it does follow aliases: nine lines of anchors that each
+repeat the one before ("billion laughs", under 500 bytes) stand for 10^9 strings. PyYAML shares
+them, so loading is cheap, and the first thing that walks the result (validation, an error
+message that quotes the value, json.dumps) expands it: gigabytes and a minute before a
+MemoryError. No config of this toolkit needs aliases, so they are refused where they are read,
+with the line that uses one. The errors are yaml.YAMLError, which every reader already catches.
+
+Kept in `training/` (PyYAML is optional there) so that the model side reads its configs with
+it and the data side (curator.mix.recipe, ...) imports it from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.composer import ComposerError
+from yaml.events import AliasEvent
+from yaml.nodes import Node
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (`*name`) and with them `<<: *base` merges."""
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()
+            raise ComposerError(None, None, f"uses the alias *{event.anchor}: aliases (and `<<: *name` merges) are "
+                                "not allowed here; write the values out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def safe_load(text: str) -> Any:
+    """Return the plain data (dicts, lists, scalars) of a YAML document; aliases and deep nesting are a yaml.YAMLError."""
+    try:
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader, minus aliases
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply to be a config") from None
