@@ -25,10 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.batches import Batch, States, load_batch
+from training.batches import Batch, States
 from training.distributed import all_reduce_sum
 from training.draft import Eagle3Draft, TTTCache
-from training.packing import PackedBatch
+from training.packing import PackedBatch, pack_samples, plan_micro_batches
 from training.soft_ce import soft_cross_entropy_sum
 from training.target_head import TargetHead
 from training.ttt_attention import PackedTTTCache
@@ -266,17 +266,18 @@ def metric_sums(
     """Return the metric sums [ttt_steps, N_SUMS] of `draft` over the samples `ids` (this rank only)."""
     device = next(draft.parameters()).device
     dtype = torch.bfloat16 if autocast else torch.float32
-    objective = TTTObjective(draft)
+    objective = PackedTTTObjective(draft)
     total = torch.zeros(ttt_steps, N_SUMS, dtype=torch.float64, device=device)
     scale = torch.zeros(ttt_steps, device=device)
     was_training = draft.training
     draft.eval()
-    ordered = sorted(ids, key=store.length)  # similar lengths together: less padding
-    for i in range(0, len(ordered), batch_size):
-        batch = load_batch(store, ordered[i : i + batch_size], max_length).to(device, dtype)
-        sig = target_signals(batch, head, draft.draft_ids(), draft.t2d)
+    lengths = {sid: min(store.length(sid), max_length) for sid in ids}
+    # packed, no padding: as many tokens per forward as `batch_size` padded samples could hold
+    for group in plan_micro_batches(list(ids), lengths, batch_size * max_length):
+        batch = pack_samples(store, group, max_length).to(device, dtype)
+        sig = packed_target_signals(batch, head, draft.draft_ids(), draft.t2d)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            _, sums = objective(batch.input_ids, batch.aux, *sig.tensors(), scale, ttt_steps)
+            _, sums = packed_call(objective, batch, sig, scale, ttt_steps)
         total += sums
     draft.train(was_training)
     return total

@@ -156,3 +156,33 @@ def plan_micro_batches(ids: Sequence[str], lengths: dict[str, int], token_budget
             bins.append([sid])
             room.append(token_budget - n)
     return bins
+
+
+class DeviceCopier:
+    """Moves packed batches to the device on a side stream, so the copy overlaps the step before it.
+
+    `start` queues the copy (from pinned memory: see PackedBatch.pin_memory) and returns at once;
+    `wait` makes the compute stream wait for it and returns the batch on the device. On the CPU
+    both are a plain `to`.
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = device, dtype
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def start(self, batch: PackedBatch) -> PackedBatch:
+        if self.stream is None:
+            return batch.to(self.device, self.dtype)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # inputs made on the compute stream
+        with torch.cuda.stream(self.stream):
+            return batch.to(self.device, self.dtype, non_blocking=True)
+
+    def wait(self, moved: PackedBatch) -> PackedBatch:
+        if self.stream is None:
+            return moved
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        for x in (moved.input_ids, moved.loss_mask, moved.aux, moved.final, moved.positions, moved.doc_ids,
+                  moved.cu_seqlens):
+            x.record_stream(current)  # made on the side stream, freed after use on this one
+        return moved
