@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from training.batches import Batch, States
 from training.distributed import all_reduce_sum
 from training.draft import Eagle3Draft, TTTCache
+from training.profiling import phase
 from training.packing import PackedBatch, pack_samples, plan_micro_batches
 from training.soft_ce import soft_cross_entropy_sum
 from training.target_head import TargetHead
@@ -125,23 +126,25 @@ class TTTObjective(nn.Module):
             if n <= 0:
                 break
             step_ids = F.pad(input_ids[:, k + 1 :], (0, k + 1))  # token x_{t+1+k} at origin t
-            out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
+            with phase(f"draft_step{k}"):
+                out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
             hidden = out.hidden  # (B, T, H): the next step's input
-            logits = out.logits[:, :n].float()  # (B, n, draft_vocab)
-            valid = valid_mask[:, 1 + k :]  # (B, n)
-            train_mask = valid & in_vocab[:, 1 + k :]
-            soft_ce = -(target_probs[:, 1 + k :] * F.log_softmax(logits, dim=-1)).sum(-1)  # (B, n)
-            loss_sum = (soft_ce * train_mask).sum()
-            loss = loss + step_scale[k] * loss_sum
-            with torch.no_grad():
-                p = target_probs[:, 1 + k :]
-                entropy_sum = ((-(p * p.clamp(min=1e-30).log()).sum(-1)) * train_mask).sum()
-                correct = (draft.draft_to_target(logits.argmax(-1)) == target_argmax[:, 1 + k :]) & valid
-                prev = prefix[:, :n]
-                prefix = prev & correct
-                counted = [valid.sum(), correct.sum(), prefix.sum(), (prev & valid).sum()]
-                sums[k] = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
-                                       entropy_sum.double()])
+            with phase("loss"):
+                logits = out.logits[:, :n].float()  # (B, n, draft_vocab)
+                valid = valid_mask[:, 1 + k :]  # (B, n)
+                train_mask = valid & in_vocab[:, 1 + k :]
+                soft_ce = -(target_probs[:, 1 + k :] * F.log_softmax(logits, dim=-1)).sum(-1)  # (B, n)
+                loss_sum = (soft_ce * train_mask).sum()
+                loss = loss + step_scale[k] * loss_sum
+                with torch.no_grad():
+                    p = target_probs[:, 1 + k :]
+                    entropy_sum = ((-(p * p.clamp(min=1e-30).log()).sum(-1)) * train_mask).sum()
+                    correct = (draft.draft_to_target(logits.argmax(-1)) == target_argmax[:, 1 + k :]) & valid
+                    prev = prefix[:, :n]
+                    prefix = prev & correct
+                    counted = [valid.sum(), correct.sum(), prefix.sum(), (prev & valid).sum()]
+                    sums[k] = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
+                                           entropy_sum.double()])
         return loss, sums
 
 
@@ -189,22 +192,34 @@ class PackedTTTObjective(nn.Module):
             if n <= 0:
                 break
             step_ids = F.pad(ids[k + 1 :], (0, k + 1))[None]  # token x_{t+1+k} at origin t
-            out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
+            with phase(f"draft_step{k}"):
+                out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
             hidden = out.hidden  # (1, N, H): the next step's input
-            logits = out.logits[0, :n]  # (n, draft_vocab), the autocast dtype
-            step_valid = valid[1 + k :] & (doc[:n] == doc[1 + k :])  # (n,): same sample, loss token
-            train_mask = step_valid & in_voc[1 + k :]
-            scaled, loss_sum = soft_cross_entropy_sum(logits, probs[1 + k :], train_mask, step_scale[k])
-            loss = loss + scaled
-            with torch.no_grad():
-                entropy_sum = (ent[1 + k :] * train_mask).sum()
-                correct = (draft.draft_to_target(logits.argmax(-1)) == argmax[1 + k :]) & step_valid
-                prev = prefix[:n]
-                prefix = prev & correct
-                counted = [step_valid.sum(), correct.sum(), prefix.sum(), (prev & step_valid).sum()]
-                sums[k] = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
-                                       entropy_sum.double()])
+            with phase("loss"):
+                loss, step_sums, prefix = self._step_loss(out.logits[0, :n], k, loss, prefix, probs, argmax, ent,
+                                                         valid, in_voc, doc, step_scale)
+            sums[k] = step_sums
         return loss, sums
+
+    def _step_loss(
+        self, logits: torch.Tensor, k: int, loss: torch.Tensor, prefix: torch.Tensor, probs: torch.Tensor,
+        argmax: torch.Tensor, ent: torch.Tensor, valid: torch.Tensor, in_voc: torch.Tensor, doc: torch.Tensor,
+        step_scale: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (loss with step k's term added, step k's metric sums [N_SUMS], the all-right-so-far mask)."""
+        n = logits.shape[0]  # (n, draft_vocab), the autocast dtype
+        step_valid = valid[1 + k :] & (doc[:n] == doc[1 + k :])  # (n,): same sample, loss token
+        train_mask = step_valid & in_voc[1 + k :]
+        scaled, loss_sum = soft_cross_entropy_sum(logits, probs[1 + k :], train_mask, step_scale[k])
+        with torch.no_grad():
+            entropy_sum = (ent[1 + k :] * train_mask).sum()
+            correct = (self.draft.draft_to_target(logits.argmax(-1)) == argmax[1 + k :]) & step_valid
+            prev = prefix[:n]
+            prefix = prev & correct
+            counted = [step_valid.sum(), correct.sum(), prefix.sum(), (prev & step_valid).sum()]
+            sums = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
+                                entropy_sum.double()])
+        return loss + scaled, sums, prefix
 
 
 def packed_call(

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from training import kernels
+
 ROWS_PER_CHUNK = 2048  # bounds the float32 temporaries to ROWS x vocab
 
 
@@ -24,19 +26,21 @@ class _SoftCE(torch.autograd.Function):
         ctx: Any, logits: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         need_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(logits) if need_grad else None
+        grad = None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         with torch.autocast(logits.device.type, enabled=False):
-            for s in range(0, logits.shape[0], ROWS_PER_CHUNK):
-                z = logits[s : s + ROWS_PER_CHUNK].float()
-                p = probs[s : s + ROWS_PER_CHUNK].float()
-                w = weight[s : s + ROWS_PER_CHUNK].float()
-                log_q = torch.log_softmax(z, dim=-1)
-                total = total + (-(p * log_q).sum(-1) * w).sum()
-                if grad is not None:
+            if need_grad and kernels.enabled() and logits.is_cuda:  # compiled: one fused pass, no chunks
+                total, grad = kernels.soft_ce_rows(logits, probs, weight, scale)
+            else:  # eager: chunks bound the float32 temporaries
+                grad = torch.empty_like(logits) if need_grad else None
+                for s in range(0, logits.shape[0], ROWS_PER_CHUNK):
+                    z, p, w = (x[s : s + ROWS_PER_CHUNK] for x in (logits, probs, weight))
+                    if grad is None:
+                        total = total + kernels.loss_rows(z, p, w)
+                        continue
                     # scaled in float32 before rounding, as autograd would round the plain version's
-                    g = (log_q.exp() * p.sum(-1, keepdim=True) - p) * (w * scale.float())[:, None]
-                    grad[s : s + ROWS_PER_CHUNK] = g.to(grad.dtype)
+                    part, grad[s : s + ROWS_PER_CHUNK] = kernels.soft_ce_rows(z, p, w, scale)
+                    total = total + part
         ctx.save_for_backward(grad if grad is not None else torch.empty(0))
         ctx.mark_non_differentiable(total)
         return total * scale.float(), total

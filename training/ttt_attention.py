@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from training.profiling import phase
+
 
 class Block0:
     """Causal attention per packed sample, returning its logsumexp and taking the flash backward."""
@@ -197,5 +199,6 @@ class PackedTTTCache:
         self.values.append(vn)
         block0 = Block0(self.cu_seqlens, self.bounds, self.max_len, 1.0 / math.sqrt(q.shape[-1]))
         m = len(self.keys) - 1
-        y = _TTTAttention.apply(block0, m, qn, self.keys[0], self.values[0], *self.keys[1:], *self.values[1:])
+        with phase("attention"):
+            y = _TTTAttention.apply(block0, m, qn, self.keys[0], self.values[0], *self.keys[1:], *self.values[1:])
         return y.transpose(0, 1)[None]  # (1, nh, N, hd)

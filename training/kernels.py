@@ -1,0 +1,71 @@
+"""Optional torch.compile'd forms of the step's memory-bound pieces: RMSNorm and the soft cross-entropy rows.
+
+Eager, RMSNorm walks its [tokens, H] input about eight times in float32 (upcast, square, mean,
+scale, downcast, weight) and the soft cross-entropy walks [tokens, draft_vocab] a dozen times per
+TTT step; compiled, each is one or two fused passes. Same formulas, so the values agree with the
+eager ones to float rounding (the order of a sum may differ). Off unless `enable()` is called
+(bench/train_gpu.py measures both): compiling takes tens of seconds per shape family and needs a
+working Triton, which a bare node may lack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_state: dict[str, Any] = {"on": False, "compiled": {}}
+
+
+def enable(on: bool = True) -> None:
+    """Use the compiled forms (on CUDA tensors only) from now on."""
+    _state["on"] = on
+
+
+def enabled() -> bool:
+    return bool(_state["on"])
+
+
+def _pick(fn: Callable[..., Any], x: torch.Tensor) -> Callable[..., Any]:
+    if not _state["on"] or not x.is_cuda:
+        return fn
+    compiled = _state["compiled"]
+    if fn not in compiled:
+        compiled[fn] = torch.compile(fn, dynamic=True)
+    return compiled[fn]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Return weight * (x / rms(x)), computed in float32 and rounded to x's dtype before the weight."""
+    return _pick(_rms_norm, x)(x, weight, eps)
+
+
+def _soft_ce_rows(
+    z: torch.Tensor, p: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    log_q = torch.log_softmax(z.float(), dim=-1)
+    p = p.float()
+    w = w.float()
+    loss = (-(p * log_q).sum(-1) * w).sum()
+    grad = (log_q.exp() * p.sum(-1, keepdim=True) - p) * (w * scale.float())[:, None]
+    return loss, grad.to(z.dtype)
+
+
+def soft_ce_rows(
+    z: torch.Tensor, p: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (sum_t w_t * soft-CE(p_t, z_t), its gradient scaled by `scale`, in z's dtype) for rows z [n, V]."""
+    return _pick(_soft_ce_rows, z)(z, p, w, scale)
+
+
+def loss_rows(z: torch.Tensor, p: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Return sum_t w_t * soft-CE(p_t, z_t) alone (no gradient wanted)."""
+    return (-(p.float() * torch.log_softmax(z.float(), dim=-1)).sum(-1) * w.float()).sum()
