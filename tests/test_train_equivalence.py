@@ -27,6 +27,7 @@ from training.target_head import TargetHead
 from training.ttt_attention import PackedTTTCache
 
 VOCAB, HIDDEN = 96, 32
+LR = 1e-3
 LENGTHS = [13, 7, 20, 4]
 
 
@@ -134,7 +135,7 @@ def test_several_optimizer_steps_follow_the_same_weights() -> None:
     finals = []
     for packed in (False, True):
         draft, head, samples = _setup(40)
-        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-2)
+        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=LR)
         padded = _padded(samples)
         scale = (0.8 ** torch.arange(ttt, dtype=torch.float64) / step_counts(padded.loss_mask, ttt)).float()
         batch = pack_samples(_Samples(samples), [s.id for s in samples], 64)
@@ -145,8 +146,10 @@ def test_several_optimizer_steps_follow_the_same_weights() -> None:
                 _reference(draft, head, padded, scale, ttt)
             opt.step()
         finals.append(draft.trainable_state_dict())
+    # Adam divides by the root of the squared gradient: a rounding-level difference in a near-zero
+    # gradient moves a weight by a fraction of one step's size. Within 1% of one step here.
     for name in finals[0]:
-        torch.testing.assert_close(finals[1][name], finals[0][name], rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(finals[1][name], finals[0][name], rtol=0, atol=LR / 100, msg=name)
 
 
 def test_soft_cross_entropy_matches_autograd_of_the_plain_formula() -> None:

@@ -5,11 +5,15 @@ scale, downcast, weight) and the soft cross-entropy walks [tokens, draft_vocab] 
 TTT step; compiled, each is one or two fused passes. Same formulas, so the values agree with the
 eager ones to float rounding (the order of a sum may differ). Off unless `enable()` is called
 (bench/train_gpu.py measures both): compiling takes tens of seconds per shape family and needs a
-working Triton, which a bare node may lack.
+working Triton and C compiler, which a bare node may lack: the trainer calls
+`enable_if_working`, which tries them once on a small input and stays eager if they fail.
+TRAINING_COMPILE=0 in the environment keeps them off.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +29,27 @@ def enable(on: bool = True) -> None:
 
 def enabled() -> bool:
     return bool(_state["on"])
+
+
+def enable_if_working(device: torch.device) -> bool:
+    """Turn the compiled forms on for a CUDA `device` if they compile and run there; return whether they are on."""
+    enable(False)
+    if device.type != "cuda" or os.environ.get("TRAINING_COMPILE", "1") == "0":
+        return False
+    try:
+        enable(True)
+        x = torch.randn(2, 8, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.ones(64, device=device, requires_grad=True)
+        rms_norm(x, w, 1e-5).float().sum().backward()
+        z = torch.randn(4, 32, device=device, dtype=torch.bfloat16)
+        soft_ce_rows(z, torch.randn(4, 32, device=device).softmax(-1), torch.ones(4, device=device),
+                     torch.ones((), device=device))
+        torch.cuda.synchronize(device)
+        return True
+    except Exception as exc:  # noqa: BLE001  (any compiler failure: train eagerly, same results)
+        enable(False)
+        warnings.warn(f"torch.compile'd training kernels unavailable, running eager: {str(exc)[:200]}", stacklevel=2)
+        return False
 
 
 def _pick(fn: Callable[..., Any], x: torch.Tensor) -> Callable[..., Any]:

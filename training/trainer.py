@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from training import kernels
 from training.atomic import write_text
 from training.batches import Prefetcher, States, epoch_batches, split_eval
 from training.checkpoint import (
@@ -319,6 +320,7 @@ def train(
     assert pending is not None
     resumed = step > 0
 
+    kernels.enable_if_working(device)  # compiled RMSNorm/soft-CE on CUDA (TRAINING_COMPILE=0: eager)
     objective: nn.Module = PackedTTTObjective(draft)
     if dist_info.enabled:
         objective = nn.parallel.DistributedDataParallel(

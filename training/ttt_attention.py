@@ -104,46 +104,32 @@ def _sum_groups(x: torch.Tensor, n_kv: int) -> torch.Tensor:
     return x.view(n_kv, nh // n_kv, n, hd).sum(1).transpose(0, 1)
 
 
-def _diag_dot(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """Return per-token, per-query-head dot products: q (N, nh, hd) . kv (N, nkv, hd) -> (N, nh) float32."""
-    n, nh, hd = q.shape
-    nkv = kv.shape[1]
-    return (q.float().view(n, nkv, nh // nkv, hd) * kv.float()[:, :, None]).sum(-1).view(n, nh)
-
-
-def _scale_rows(w: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """Return w (N, nh) times the kv head of each query head (N, nkv, hd) -> (N, nh, hd) float32."""
-    n, nh = w.shape
-    nkv, hd = kv.shape[1], kv.shape[2]
-    return (w.view(n, nkv, nh // nkv, 1) * kv.float()[:, :, None]).view(n, nh, hd)
-
-
-def _to_kv_heads(x: torch.Tensor, n_kv: int) -> torch.Tensor:
-    """Return (N, nh, hd) summed over the query heads of each kv head: (N, nkv, hd)."""
-    n, nh, hd = x.shape
-    return x.view(n, n_kv, nh // n_kv, hd).sum(2)
+def _grouped(x: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """Return (N, nh, ...) float32 viewed as (N, nkv, nh // nkv, ...): query heads by the kv head they read."""
+    return x.float().view(x.shape[0], n_kv, x.shape[1] // n_kv, *x.shape[2:])
 
 
 class _TTTAttention(torch.autograd.Function):
+    """Block 0 by flash attention, the diagonals of steps 1..m as small batched products per token."""
+
     @staticmethod
     def forward(ctx: Any, block0: Block0, m: int, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
                 *later: torch.Tensor) -> torch.Tensor:
-        ks, vs = later[:m], later[m:]
         o0, lse0, state = block0.forward(q, k0, v0)
+        ctx.block0, ctx.m, ctx.state = block0, m, state
         if m == 0:
             ctx.save_for_backward(q, k0, v0, o0, lse0)
-            ctx.block0, ctx.m, ctx.state = block0, 0, state
             return o0
-        lse0_t = lse0.t()  # (N, nh)
-        s = torch.stack([_diag_dot(q, kj) for kj in ks]) * block0.scale  # (m, N, nh)
-        total = torch.logsumexp(torch.cat([lse0_t[None], s]), dim=0)  # (N, nh)
-        a0, p = (lse0_t - total).exp(), (s - total).exp()
-        y = a0[..., None] * o0.float()
-        for j in range(m):
-            y = y + _scale_rows(p[j], vs[j])
-        y = y.to(q.dtype)
-        ctx.save_for_backward(q, k0, v0, y, lse0, a0, p, *ks, *vs)
-        ctx.block0, ctx.m, ctx.state = block0, m, state
+        n_kv = k0.shape[1]
+        ks = torch.stack(later[:m], dim=2).float()  # (N, nkv, m, hd)
+        vs = torch.stack(later[m:], dim=2).float()
+        s = torch.matmul(_grouped(q, n_kv), ks.transpose(-1, -2)) * block0.scale  # (N, nkv, rep, m)
+        lse0_g = _grouped(lse0.t(), n_kv)  # (N, nkv, rep)
+        total = torch.logaddexp(lse0_g, torch.logsumexp(s, dim=-1))
+        a0, p = (lse0_g - total).exp(), (s - total[..., None]).exp()
+        y = a0[..., None] * _grouped(o0, n_kv) + torch.matmul(p, vs)  # (N, nkv, rep, hd)
+        y = y.view_as(q).to(q.dtype)
+        ctx.save_for_backward(q, k0, v0, y, lse0, a0, p, *later)
         return y
 
     @staticmethod
@@ -153,21 +139,21 @@ class _TTTAttention(torch.autograd.Function):
             q, k0, v0, out, lse0 = ctx.saved_tensors
             dq, dk0, dv0 = block0.backward(dy, q, k0, v0, out, lse0, ctx.state)
             return None, None, dq, dk0, dv0
-        q, k0, v0, y, lse0, a0, p, *kv = ctx.saved_tensors
-        ks, vs = kv[:m], kv[m:]
+        q, k0, v0, y, lse0, a0, p, *later = ctx.saved_tensors
         n_kv = k0.shape[1]
-        dyf = dy.float()
-        delta = (dyf * y.float()).sum(-1)  # (N, nh): rowsum(dy * y) of the merged attention
-        dq0, dk0, dv0 = block0.backward((a0[..., None] * dyf).to(dy.dtype), q, k0, v0, y, lse0, ctx.state)
-        dq = dq0.float()
-        dks, dvs = [], []
-        qf = q.float()
-        for j in range(m):
-            ds = p[j] * (_diag_dot(dyf, vs[j]) - delta) * block0.scale  # (N, nh)
-            dq = dq + _scale_rows(ds, ks[j])
-            dks.append(_to_kv_heads(ds[..., None] * qf, n_kv).to(ks[j].dtype))
-            dvs.append(_to_kv_heads(p[j][..., None] * dyf, n_kv).to(vs[j].dtype))
-        return (None, None, dq.to(q.dtype), dk0, dv0, *dks, *dvs)
+        dyf = _grouped(dy, n_kv)  # (N, nkv, rep, hd)
+        delta = (dyf * _grouped(y, n_kv)).sum(-1)  # (N, nkv, rep): rowsum(dy * y) of the merged attention
+        dout0 = (a0[..., None] * dyf).view_as(dy).to(dy.dtype)
+        dq0, dk0, dv0 = block0.backward(dout0, q, k0, v0, y, lse0, ctx.state)
+        ks = torch.stack(later[:m], dim=2).float()  # (N, nkv, m, hd)
+        vs = torch.stack(later[m:], dim=2).float()
+        ds = p * (torch.matmul(dyf, vs.transpose(-1, -2)) - delta[..., None]) * block0.scale  # (N, nkv, rep, m)
+        dq = _grouped(dq0, n_kv) + torch.matmul(ds, ks)
+        dks = torch.matmul(ds.transpose(-1, -2), _grouped(q, n_kv))  # (N, nkv, m, hd)
+        dvs = torch.matmul(p.transpose(-1, -2), dyf)
+        grads_k = [g.to(k0.dtype) for g in dks.unbind(2)]
+        grads_v = [g.to(v0.dtype) for g in dvs.unbind(2)]
+        return (None, None, dq.view_as(q).to(q.dtype), dk0, dv0, *grads_k, *grads_v)
 
 
 class PackedTTTCache:
