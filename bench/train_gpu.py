@@ -245,6 +245,11 @@ def _phase_flops(cfg: DraftConfig, shape: Shape) -> dict[str, float]:
     return out
 
 
+# The CUDA runtime's mark for the host waiting on a full launch queue (the GPU is behind, as it
+# should be): it shows up in the profile with a duration, as an event or a kernel, but is no GPU work.
+IDLE_MARK = "Command Buffer Full"
+
+
 def _category(evt: Any) -> str:
     e = evt
     while e is not None:
@@ -293,11 +298,10 @@ def profile_step(path: str, shape: Shape, dev: torch.device, peak: float, out_di
     times: dict[str, float] = defaultdict(float)
     kinds: dict[str, float] = defaultdict(float)
     for evt in prof.events():
-        if not str(evt.device_type).endswith("CPU"):
+        if not str(evt.device_type).endswith("CPU") or evt.name == IDLE_MARK:
             continue  # a kernel's own event: its time is counted on the host event that launched it
-        # on the CPU (the --tiny test) the ops' own host time stands in for kernel time. "Command
-        # Buffer Full" is the host waiting on a full launch queue, not GPU work: left out.
-        us = (sum(k.duration for k in evt.kernels if k.name != "Command Buffer Full") if dev.type == "cuda"
+        # on the CPU (the --tiny test) the ops' own host time stands in for kernel time
+        us = (sum(k.duration for k in evt.kernels if k.name != IDLE_MARK) if dev.type == "cuda"
               else evt.self_cpu_time_total)
         if not us:
             continue
