@@ -50,7 +50,7 @@ from training.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from training.objective import (  # noqa: E402
     PackedTTTObjective, TTTObjective, packed_call, packed_target_signals, step_counts, target_signals,
 )
-from training.packing import DeviceCopier, PackedBatch, from_padded, pack_samples, plan_micro_batches  # noqa: E402
+from training.packing import DeviceCopier, from_padded, pack_samples, plan_micro_batches  # noqa: E402
 from training.profiling import PREFIX, phase  # noqa: E402
 from training.store import HiddenStateSample  # noqa: E402
 from training.target_head import TargetHead  # noqa: E402
@@ -599,6 +599,10 @@ def run_bench(*, shape: Shape = Shape(), path: str = "both", steps: int = 10, wa
     return result
 
 
+def _mem(r: dict[str, Any]) -> str:
+    return f"{r['max_memory_gb']:.1f}" if r["max_memory_gb"] is not None else "-"
+
+
 def table(result: dict[str, Any]) -> str:
     """Return the before/after (and profile, real-length) figures as a short text table."""
     lines = [f"peak {result['peak_tflops']:.0f} TFLOP/s ({result['device']}, torch {result['torch']})",
@@ -609,16 +613,16 @@ def table(result: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"{p:<5} error: {r['error']}")
             continue
-        mem = f"{r['max_memory_gb']:.1f}" if r["max_memory_gb"] is not None else "-"
         lines.append(f"{p:<5} {r['tokens_per_s']:>9.0f} {r['step_s'] * 1e3:>8.1f} {r['achieved_tflops']:>8.1f} "
-                     f"{r['fraction_of_peak']:>7.1%}  {mem}")
+                     f"{r['fraction_of_peak']:>7.1%}  {_mem(r)}")
     for p, prof in result.get("profile", {}).items():
         if "error" in prof:
             lines.append(f"profile {p} error: {prof['error']}")
             continue
         lines.append(f"profile {p}: wall {prof['wall_ms']:.1f} ms, kernels {prof['kernel_ms']:.1f} ms")
         for name, row in prof["phases"].items():
-            lines.append(f"  {name:<28} {row['ms']:>8.2f} ms {row['share']:>6.1%}  of_peak {row['fraction_of_peak']:.1%}")
+            lines.append(f"  {name:<28} {row['ms']:>8.2f} ms {row['share']:>6.1%}  "
+                         f"of_peak {row['fraction_of_peak']:.1%}")
         kinds = ", ".join(f"{k.split(':')[1]} {v:.1f}" for k, v in prof["backward_kinds_ms"].items())
         lines.append(f"  backward by kind (ms): {kinds}")
     if "real" in result:
@@ -630,10 +634,9 @@ def table(result: dict[str, Any]) -> str:
             if "error" in r:
                 lines.append(f"{name:<15} error: {r['error']}")
                 continue
-            mem = f"{r['max_memory_gb']:.1f}" if r["max_memory_gb"] is not None else "-"
             lines.append(f"{name:<15} {r['useful_tokens_per_s']:>12.0f} {r['loss_tokens_per_s']:>11.0f} "
                          f"{r['padding_fraction']:>7.1%} {r['micro_batches_per_step']:>10.1f} "
-                         f"{r['fraction_of_peak_at_mean_length']:>7.1%}  {mem}")
+                         f"{r['fraction_of_peak_at_mean_length']:>7.1%}  {_mem(r)}")
     if "check" in result:
         c = result["check"]
         if "error" in c:
