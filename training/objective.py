@@ -10,6 +10,10 @@ draft vocab, divided by the count of loss-masked positions of step k over the wh
 (known from the masks alone, so every rank divides by the same number and N ranks add up to
 exactly the 1-rank gradient).
 
+Two implementations of the same objective: TTTObjective over padded batches [B, T] (the
+reference, with draft.TTTCache), and PackedTTTObjective over packed rows of whole samples
+(training.packing), which the trainer runs; tests/test_train_equivalence.py holds them equal.
+
 Metrics per TTT step k, over loss-masked positions (a target token outside the draft vocab counts
 as a miss): acc_k (unconditional top-1 agreement), cond_acc_k (agreement given steps < k all
 agreed at the same origin), and the teacher-forced acceptance estimate 1 + sum_k prod_{j<=k} cond_acc_j.

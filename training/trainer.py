@@ -385,7 +385,8 @@ def train(
             local = epoch_cache[1][index][rank::world]
         # packed, no padding: each micro-batch holds at most what a padded one of micro_batch_size could
         micro = plan_micro_batches(local, lengths, cfg.micro_batch_size * cfg.max_length)
-        return [pack_samples(store, ids, cfg.max_length).pin_memory() for ids in micro]
+        packed = [pack_samples(store, ids, cfg.max_length) for ids in micro]
+        return [b.pin_memory() for b in packed] if device.type == "cuda" else packed
 
     # Online states run the target on the GPU: read those in the loop, not on a second thread.
     prefetch = Prefetcher(load_step, total_steps, depth=0 if cfg.online else 2)
