@@ -23,7 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from training import kernels
 from training.errors import ModelMismatchError
+from training.profiling import phase
 from training.target_config import text_part
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -202,6 +204,10 @@ class TTTCache:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Append this step's k, v; return the attention of q over step 0 (causal) and the diagonals."""
+        with phase("attention"):
+            return self._attend(q, k, v)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.keys.append(k)
         self.values.append(v)
         n_rep = q.shape[1] // k.shape[1]
@@ -229,10 +235,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: DraftConfig) -> torch.Tensor:

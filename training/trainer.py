@@ -7,7 +7,9 @@ ids, builds the draft, its vocabulary and optimizer, and restores a checkpoint w
 `layers` (which target layers feed the draft).
 
 One optimizer step: the global batch (length-bucketed ids) is split over ranks, each rank's share
-into micro-batches; gradients accumulate over them and DDP all-reduces them at the last one.
+packed into micro-batches (training.packing: samples end to end, no padding, at most
+micro_batch_size * max_length tokens each); gradients accumulate over them and DDP all-reduces
+them at the last one.
 Every rank divides each TTT step's loss by the same global count of loss positions, so N ranks
 give exactly the 1-rank gradient.
 
@@ -34,8 +36,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from training import kernels
 from training.atomic import write_text
-from training.batches import Batch, Prefetcher, States, epoch_batches, load_batch, split_eval
+from training.batches import Prefetcher, States, epoch_batches, split_eval
 from training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -50,7 +53,8 @@ from training.distributed import DistInfo, all_reduce_sum, barrier, init_distrib
 from training.draft import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, StoreError, TrainingError
 from training.nonfinite import NonFiniteWatch
-from training.objective import N_SUMS, TTTObjective, metric_sums, step_counts, summarize, target_signals
+from training.objective import N_SUMS, PackedTTTObjective, metric_sums, packed_call, packed_target_signals, summarize
+from training.packing import DeviceCopier, PackedBatch, pack_samples, plan_micro_batches
 from training.online import OnlineStates
 from training.outlock import OutputLock
 from training.simulate import simulated_eval
@@ -275,7 +279,9 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
     batches_per_epoch = len(train_ids) // cfg.global_batch_size
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * batches_per_epoch))
     params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    # fused: one kernel over all parameters on the GPU (same update; foreach on the CPU)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                                  fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
     meta = {
         "draft_config": draft_cfg.to_dict(),
@@ -348,7 +354,8 @@ def _train(
     assert pending is not None
     resumed = step > 0
 
-    objective: nn.Module = TTTObjective(draft)
+    kernels.enable_if_working(device)  # compiled RMSNorm/soft-CE on CUDA (TRAINING_COMPILE=0: eager)
+    objective: nn.Module = PackedTTTObjective(draft)
     if dist_info.enabled:
         objective = nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
@@ -404,7 +411,7 @@ def _train(
     draft.train()
     epoch_lock = threading.Lock()
 
-    def load_step(at_step: int) -> list[Batch]:
+    def load_step(at_step: int) -> list[PackedBatch]:
         nonlocal epoch_cache
         epoch, index = divmod(at_step, batches_per_epoch)
         with epoch_lock:
@@ -412,30 +419,38 @@ def _train(
                 epoch_cache = (epoch, epoch_batches(run.train_ids, lengths, cfg.global_batch_size, cfg.bucket_batches,
                                                     cfg.seed, epoch))
             local = epoch_cache[1][index][rank::world]
-        micro = [local[i : i + cfg.micro_batch_size] for i in range(0, len(local), cfg.micro_batch_size)]
-        return [load_batch(store, ids, cfg.max_length) for ids in micro]
+        # packed, no padding: each micro-batch holds at most what a padded one of micro_batch_size could
+        micro = plan_micro_batches(local, lengths, cfg.micro_batch_size * cfg.max_length)
+        packed = [pack_samples(store, ids, cfg.max_length) for ids in micro]
+        return [b.pin_memory() for b in packed] if device.type == "cuda" else packed
 
     # Online states run the target on the GPU: read those in the loop, not on a second thread.
     prefetch = Prefetcher(load_step, total_steps, depth=0 if cfg.online else 2)
+    copier = DeviceCopier(device, run.data_dtype)
     try:
         while step < total_steps:
             loaded = prefetch.get(step)
             # every rank divides by the same global count of loss positions per TTT step
-            counts = all_reduce_sum(sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in loaded).to(device))
+            counts = all_reduce_sum(sum(b.step_counts(cfg.ttt_steps) for b in loaded).to(device))
             step_scale = (weights.to(device) / counts.clamp(min=1) * world).float()
             optimizer.zero_grad(set_to_none=True)
+            step_sums = torch.zeros(cfg.ttt_steps, N_SUMS, dtype=torch.float64, device=device)
+            moving = copier.start(loaded[0])
             for i, cpu_batch in enumerate(loaded):
-                batch = cpu_batch.to(device, run.data_dtype)
+                batch = copier.wait(moving)
+                if i + 1 < len(loaded):
+                    moving = copier.start(loaded[i + 1])  # copied while this one computes
                 watch.watch(batch)
-                sig = target_signals(batch, head, draft.draft_ids(), draft.t2d)
+                sig = packed_target_signals(batch, head, draft.draft_ids(), draft.t2d)
                 sync = i == len(loaded) - 1 or not dist_info.enabled
                 ctx = nullcontext() if sync else objective.no_sync()  # type: ignore[operator]
                 with ctx:
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.use_bf16):
-                        loss, sums = objective(batch.input_ids, batch.aux, *sig.tensors(), step_scale, cfg.ttt_steps)
+                        loss, sums = packed_call(objective, batch, sig, step_scale, cfg.ttt_steps)
                     loss.backward()
-                pending += sums.cpu()
-                pending_tokens += int(cpu_batch.loss_mask.shape[0] * cpu_batch.loss_mask.shape[1])
+                step_sums += sums  # on the device: no host sync inside the step
+                pending_tokens += cpu_batch.tokens
+            pending += step_sums.cpu()
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
             optimizer.step()
             scheduler.step()
