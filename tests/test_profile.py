@@ -98,13 +98,14 @@ def test_secrets_and_personal_data_never_reach_the_profile_or_the_console(tmp_pa
 def test_malformed_lines_are_counted_and_shown_and_an_unreadable_file_is_one_error(tmp_path: Path, capsys) -> None:
     traffic = tmp_path / "t.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "Write a poem about rain."}]})
-    traffic.write_text("\n".join([good, "{oops", json.dumps({"model": "m"}), good, "[]"]) + "\n")
+    wizard = json.dumps({"messages": [{"role": "wizard", "content": "x"}]})
+    traffic.write_text("\n".join([good, "{oops", json.dumps({"model": "m"}), good, "[]", wizard]) + "\n")
     code, console = run_profile(["--traffic", str(traffic), "--out", str(tmp_path / "p.json")], capsys)
     data = json.loads((tmp_path / "p.json").read_text())
-    assert code == 0 and data["rows"] == 2 and data["malformed"] == 3
+    assert code == 0 and data["rows"] == 2 and data["malformed"] == 4
     assert data["malformed_reasons"] == {"broken JSON line": 1, "no messages in the record": 1,
-                                         "record is list, not an object": 1}
-    assert "skipped 3 malformed" in console and "broken JSON line" in console
+                                         "record is list, not an object": 1, "unknown role '…'": 1}
+    assert "skipped 4 malformed" in console and "broken JSON line" in console and "wizard" not in console
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n" + json.dumps({"prompt_id": 3}) + "\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ CHARS_PER_TOKEN = 4  # the estimate used for the context shares when no tokenize
 DEFAULT_LLM_MAX = 1000
 _BATCH = 1024
 _MAX_REASONS = 20
+_QUOTED = re.compile(r"'[^']*'")
 
 Progress = Callable[[int], None]
 
@@ -68,8 +70,9 @@ class _Tally:
     seen: Counter[str] = field(default_factory=Counter)  # rows offered to each category's reservoir
 
     def malformed_row(self, broken: BrokenRow) -> None:
-        # the reason without its location ("(file record N)"): rows of one kind count together
-        reason = scrub(broken.reason.rsplit(" (", 1)[0])
+        # the reason without its location ("(file record N)") and without the values it quotes from the
+        # record (a role, a call id): rows of one kind count together, and no data leaves through a reason
+        reason = scrub(_QUOTED.sub("'…'", broken.reason.rsplit(" (", 1)[0]))
         key = reason if reason in self.malformed or len(self.malformed) < _MAX_REASONS else "other"
         self.malformed[key] += 1
 
@@ -198,7 +201,7 @@ def build_profile(
         if progress is not None:
             progress(read)
     by_llm = _settle(tally, pending, llm, llm_concurrency, rng)
-    return _profile(tally, lengths.unit, by_llm, llm, pending, traffic)
+    return _profile(tally, lengths.unit, by_llm, len(pending), llm, traffic)
 
 
 def _settle(tally: _Tally, pending: list[tuple[str, str]], llm: LLMClient | None, concurrency: int,
@@ -217,7 +220,7 @@ def _settle(tally: _Tally, pending: list[tuple[str, str]], llm: LLMClient | None
     return by_llm
 
 
-def _profile(tally: _Tally, unit: str, by_llm: int, llm: LLMClient | None, pending: list, traffic: str | Path) -> Profile:
+def _profile(tally: _Tally, unit: str, by_llm: int, sent_to_llm: int, llm: LLMClient | None, traffic: str | Path) -> Profile:
     total = sum(tally.rows.values())
     if total == 0:
         reasons = ", ".join(f"{r} ({n:,})" for r, n in tally.malformed.most_common(3)) or "the input is empty"
@@ -242,7 +245,7 @@ def _profile(tally: _Tally, unit: str, by_llm: int, llm: LLMClient | None, pendi
         malformed=sum(tally.malformed.values()),
         malformed_reasons=dict(tally.malformed.most_common()),
         decided={"rules": total - by_llm, "llm": by_llm, "rules_unsure": tally.unsure,
-                 "unsure_sent_to_llm": len(pending)},
+                 "unsure_sent_to_llm": sent_to_llm},
         classifier={"rules": "curator.traffic.classify", "llm": getattr(llm, "model", None)},
         rules=dict(sorted(tally.rules.items())),
         length={"unit": unit, "measure": "all message texts, tool-call arguments and tool schemas; no chat template",
