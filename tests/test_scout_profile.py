@@ -90,3 +90,18 @@ def test_a_profile_the_proposal_cannot_follow_is_one_clear_error(tmp_path: Path,
     err = capsys.readouterr().err
     assert code == 1 and "no such profile" in err and "Traceback" not in err
     assert not (tmp_path / "c.duckdb").exists()
+
+
+def test_a_category_short_of_rows_leaves_its_remainder_inside_its_traffic_category() -> None:
+    from curator.scout.proposal import MergedCandidate, propose_mix
+
+    def found(dataset_id: str, category: str, rows: int | None) -> MergedCandidate:
+        return MergedCandidate(dataset_id, category, 0.8, ["a"], 1, [("a", 0.8, "fits")], 100, "mit", rows)
+
+    merged = [found("o/swe-gym", "debugging", 500), found("o/code", "coding", None),
+              found("o/chat", "chat", None), found("o/math", "reasoning", None)]
+    traffic = TrafficShares("p.json", {"code": 0.5, "reasoning": 0.2, "chat": 0.3})
+    proposal = propose_mix(merged, load_briefs(AGENTS_DIR), "any goal", 10_000, traffic=traffic)
+    samples = {q.dataset_id: q.samples for q in proposal.quotas}
+    # debugging holds 500 rows: the code share's other 4,500 go to coding, not to chat or reasoning
+    assert samples == {"o/swe-gym": 500, "o/code": 4500, "o/math": 2000, "o/chat": 3000}

@@ -26,7 +26,7 @@ from curator.catalog import Catalog
 from curator.errors import ConfigError
 from training.atomic import write_text
 from curator.scout.briefs import Brief
-from curator.scout.traffic import TrafficShares, traffic_weights
+from curator.scout.traffic import TrafficShares, allocate_by_traffic, traffic_weights
 
 GOAL_BOOST = 1.5
 AGREEMENT_BONUS = 0.25  # per extra agent that found the same dataset
@@ -229,7 +229,10 @@ def propose_mix(
     for c in categories:
         caps = [m.num_rows for m in by_category[c]]
         cat_caps.append(None if any(cap is None for cap in caps) else sum(caps))
-    cat_samples = allocate(target_samples, [raw[c] for c in categories], cat_caps)
+    if traffic is not None:
+        cat_samples = allocate_by_traffic(target_samples, categories, raw, cat_caps, briefs, traffic)
+    else:
+        cat_samples = allocate(target_samples, [raw[c] for c in categories], cat_caps)
     raw_sum = sum(raw.values())
     shares = {
         c: (n / target_samples, f"{reasons[c]}; {raw[c] / raw_sum:.1%} of the found categories' weight")

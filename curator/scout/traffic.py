@@ -104,3 +104,25 @@ def traffic_weights(categories: list[str], briefs: list[Brief], traffic: Traffic
         raise ConfigError(f"none of the categories found ({', '.join(categories)}) serves the traffic in {traffic.source} "
                           f"({', '.join(f'{c} {s:.0%}' for c, s in traffic.shares.items())}); scout its categories first")
     return weights, reasons, notes
+
+
+def allocate_by_traffic(total: int, categories: list[str], weights: dict[str, float], caps: list[int | None],
+                        briefs: list[Brief], traffic: TrafficShares) -> list[int]:
+    """Return samples per candidate category (aligned with `categories`): `total` shared among the traffic
+    categories by their weights first, then within each among its candidate categories, so that a
+    category short of rows gives its remainder to the others serving the same traffic category."""
+    from curator.scout.proposal import allocate
+
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, c in enumerate(categories):
+        if weights.get(c, 0) > 0:
+            groups[traffic.served_by(c, briefs) or c].append(i)
+    names = list(groups)
+    group_caps = [None if any(caps[i] is None for i in groups[g]) else sum(caps[i] for i in groups[g]) for g in names]
+    per_group = allocate(total, [sum(weights[categories[i]] for i in groups[g]) for g in names], group_caps)
+    out = [0] * len(categories)
+    for g, n in zip(names, per_group):
+        members = groups[g]
+        for i, amount in zip(members, allocate(n, [weights[categories[i]] for i in members], [caps[i] for i in members])):
+            out[i] = amount
+    return out
