@@ -61,6 +61,4 @@ def ask_categories(client: LLMClient, texts: Sequence[str], concurrency: int = 8
 
     A failure the client could not retry away (a refused key, an unreachable server) is its LLMError.
     """
-    if not texts:
-        return []
     return asyncio.run(_all(client, texts, concurrency))
