@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from curator.cli import main
+from curator.errors import ConfigError
 from curator.traffic.profile import EXAMPLES_PER_CATEGORY, build_profile
 from curator.traffic.schema import CATEGORIES, load_profile
 from curator.traffic.synthetic import write_jsonl
@@ -124,6 +125,8 @@ def test_lengths_are_in_target_tokens_with_a_tokenizer(tmp_path: Path, tiny_targ
     assert by_chars["length"]["max"] == len("def return import " * 200)
     assert 200 <= by_tokens["length"]["max"] < by_chars["length"]["max"] / 2
     assert by_tokens["context"]["unit"] == "tokens"
+    with pytest.raises(ConfigError, match="not a folder"):
+        build_profile(traffic, tokenizer="org/some-model")  # never a Hub download
 
 
 # ------------------------------------------------------------------ the LLM pass

@@ -92,6 +92,8 @@ class _Lengths:
     def __init__(self, tokenizer: str | Path | None) -> None:
         self.counter = None
         if tokenizer is not None:
+            if not Path(tokenizer).is_dir():  # a name would send transformers to the Hub
+                raise ConfigError(f"--tokenizer {tokenizer}: not a folder (give the target's local model or tokenizer folder)")
             from curator.mix.filters import TokenCounter  # loads transformers: only with --tokenizer
 
             self.counter = TokenCounter(tokenizer)
