@@ -2,7 +2,8 @@
 target sample count among categories and datasets, each quota with its reason.
 
 Shares follow the briefs' weights (the original case's agentic-heavy mix), multiplied by
-GOAL_BOOST for categories the goal names, over the categories something was found for.
+GOAL_BOOST for categories the goal names, over the categories something was found for; with a
+traffic profile (`scout --profile`), they follow the traffic's shares instead (curator.scout.traffic).
 Within a category, datasets share its quota by relevance (a little more when several agents
 found the same dataset), never more than a dataset's rows; what a full dataset cannot take
 flows to the others. Reasons go into the YAML as comments, because the recipe model rejects
@@ -25,6 +26,7 @@ from curator.catalog import Catalog
 from curator.errors import ConfigError
 from training.atomic import write_text
 from curator.scout.briefs import Brief
+from curator.scout.traffic import TrafficShares, allocate_by_traffic, traffic_weights
 
 GOAL_BOOST = 1.5
 AGREEMENT_BONUS = 0.25  # per extra agent that found the same dataset
@@ -115,6 +117,7 @@ class Proposal:
     shares: dict[str, tuple[float, str]]  # category -> (share, reason)
     quotas: list[Quota]
     run_id: str | None = None
+    notes: list[str] = field(default_factory=list)  # what the shares could not follow, and why
 
     def total(self) -> int:
         """Return the samples the quotas add up to (less than the target when datasets ran out)."""
@@ -160,6 +163,19 @@ def _named_by_goal(category: str, briefs: list[Brief], goal_words: set[str]) -> 
     return sorted(names)
 
 
+def _brief_weights(categories: list[str], briefs: list[Brief], goal_words: set[str]) -> tuple[dict[str, float], dict[str, str]]:
+    """Return (weight, reason) per category: its brief's weight, times GOAL_BOOST where the goal names it."""
+    weights = {b.category: b.weight for b in briefs}
+    raw: dict[str, float] = {}
+    reasons: dict[str, str] = {}
+    for c in categories:
+        base = weights.get(c, DEFAULT_WEIGHT)
+        named = _named_by_goal(c, briefs, goal_words)
+        raw[c] = base * (GOAL_BOOST if named else 1.0)
+        reasons[c] = f"brief weight {base:.2f}" + (f" x{GOAL_BOOST} (goal names {', '.join(named)})" if named else "")
+    return raw, reasons
+
+
 def _pick_split(candidate: MergedCandidate) -> tuple[str | None, str]:
     if not candidate.configs:
         return None, "train"
@@ -187,8 +203,10 @@ def propose_mix(
     max_per_category: int = 4,
     name: str | None = None,
     run_id: str | None = None,
+    traffic: TrafficShares | None = None,
 ) -> Proposal:
-    """Return the proposed mix for `target_samples` from merged candidates, weighted toward the goal."""
+    """Return the proposed mix for `target_samples` from merged candidates, weighted toward the goal,
+    or, with `traffic`, by the traffic profile's category shares (curator.scout.traffic)."""
     if target_samples < 1:
         raise ConfigError(f"--target-samples must be at least 1, got {target_samples}")
     if not merged:
@@ -202,19 +220,19 @@ def propose_mix(
     for c in categories:
         by_category[c] = by_category[c][:max_per_category]
 
-    raw: dict[str, float] = {}
-    reasons: dict[str, str] = {}
-    for c in categories:
-        base = weights.get(c, DEFAULT_WEIGHT)
-        named = _named_by_goal(c, briefs, goal_words)
-        raw[c] = base * (GOAL_BOOST if named else 1.0)
-        reasons[c] = f"brief weight {base:.2f}" + (f" x{GOAL_BOOST} (goal names {', '.join(named)})" if named else "")
+    if traffic is not None:
+        raw, reasons, notes = traffic_weights(categories, briefs, traffic)
+    else:
+        raw, reasons, notes = *_brief_weights(categories, briefs, goal_words), []
 
     cat_caps = []
     for c in categories:
         caps = [m.num_rows for m in by_category[c]]
         cat_caps.append(None if any(cap is None for cap in caps) else sum(caps))
-    cat_samples = allocate(target_samples, [raw[c] for c in categories], cat_caps)
+    if traffic is not None:
+        cat_samples = allocate_by_traffic(target_samples, categories, raw, cat_caps, briefs, traffic)
+    else:
+        cat_samples = allocate(target_samples, [raw[c] for c in categories], cat_caps)
     raw_sum = sum(raw.values())
     shares = {
         c: (n / target_samples, f"{reasons[c]}; {raw[c] / raw_sum:.1%} of the found categories' weight")
@@ -235,8 +253,9 @@ def propose_mix(
             more = f", +{len(m.agents) - 4} more" if len(m.agents) > 4 else ""
             agents = f"{len(m.agents)} agent{'s' if len(m.agents) > 1 else ''} ({', '.join(m.agents[:4])}{more})"
             best_agent, best_rel, best_why = m.rationales[0]
+            basis = f" (traffic profile {traffic.source})" if traffic is not None else ""
             reason = (
-                f"{amount:,} of {c}'s {n:,}: relevance {m.relevance:.2f} from {agents}, weight {w:.2f}"
+                f"{amount:,} of {c}'s {n:,}{basis}: relevance {m.relevance:.2f} from {agents}, weight {w:.2f}"
                 + (f", capped at its {m.num_rows:,} rows" if m.num_rows is not None and amount >= m.num_rows else "")
                 + (f"; keep_responses: generated by {own_traces}, the goal's model family" if own_traces else "")
                 + f"; {best_agent}: {_one_line(best_why, 240)}"
@@ -246,7 +265,7 @@ def propose_mix(
                 "last" if c in AGENTIC_CATEGORIES else None, bool(own_traces), reason, m.license,
             ))
     label = name or f"proposed-{run_id or time.strftime('%Y%m%d-%H%M%S')}"
-    return Proposal(label, goal, target_samples, shares, quotas, run_id)
+    return Proposal(label, goal, target_samples, shares, quotas, run_id, notes)
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -264,6 +283,7 @@ def render_recipe(proposal: Proposal) -> str:
         "# Review it, then: curator build-mix --recipe THIS_FILE --out DIR",
         "# Category shares:",
     ]
+    lines[-1:-1] = [f"# Note: {_one_line(note, 300)}" for note in proposal.notes]
     for c, (share, why) in proposal.shares.items():
         lines.append(f"#   {c}: {share:.1%} ({why})")
     lines += [
