@@ -43,6 +43,7 @@ from curator.mix.sample import row_key, walk
 from curator.mix.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, importance_keys, survey
 from curator.traffic.schema import CATEGORIES, Profile, load_profile
+from training.diskspace import named_disk_full
 from training.text import is_valid_unicode
 
 _MAX_REASONS = 20
@@ -380,7 +381,8 @@ def build_mix(
         publish.check_out(out, is_mix=(out / MANIFEST).exists() or (out / LEGACY_MANIFEST).exists())
         stage = publish.staging_dir(out)
         try:
-            manifest = _build(ctx, stage, licenses, profile, match)
+            with named_disk_full(out):  # the manifest's and the held-out split's writes too
+                manifest = _build(ctx, stage, out, licenses, profile, match)
             publish.swap_in(stage, out)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
@@ -399,6 +401,7 @@ def recipe_categories(recipe: Recipe) -> set[str]:
 def _build(
     ctx: _Context,
     stage: Path,
+    out: Path,
     licenses: Mapping[str, str | None] | None,
     profile: Profile | None,
     match: str | Path | None,
@@ -412,7 +415,7 @@ def _build(
         if progress is not None:
             progress.source_started(run.name, run.spec.samples)
         run.prepare()
-    heldout = next((_write_heldout(run, stage, ctx) for run in runs if run.report.heldout), None)
+    heldout = next((_write_heldout(run, stage, out, ctx) for run in runs if run.report.heldout), None)
     cells = [(run.idx, cat, n) for run in runs for cat, n in run.recipe_cells().items()]
     matched: MatchPlan | None = None
     if profile is not None:
@@ -422,7 +425,7 @@ def _build(
     else:
         for idx, cat, n in cells:
             runs[idx].report.quotas[cat] = n
-    writer = MixWriter(stage, recipe.rows_per_part)
+    writer = MixWriter(stage, recipe.rows_per_part, named=out)
 
     def write(run: _SourceRun, rows: list[tuple[int, Examined]]) -> None:
         for index, ex in rows:
@@ -468,9 +471,9 @@ def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRu
             return
 
 
-def _write_heldout(run: _SourceRun, stage: Path, ctx: _Context) -> dict[str, Any]:
+def _write_heldout(run: _SourceRun, stage: Path, out: Path, ctx: _Context) -> dict[str, Any]:
     """Write the traffic's held-out rows as a mix of their own (stage/.heldout) and keep them out of this one."""
-    writer = MixWriter(stage / publish.HELDOUT_DIR, ctx.recipe.rows_per_part)
+    writer = MixWriter(stage / publish.HELDOUT_DIR, ctx.recipe.rows_per_part, named=out / publish.HELDOUT_DIR)
     texts: list[str] = []
     rows = 0
     for index, ex in run.heldout_rows():
