@@ -143,10 +143,12 @@ class MixProgress(Protocol):
     def source_done(self, report: SourceReport) -> None: ...
 
 
-def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[[int, object], Examined]:
+def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[..., Examined]:
+    """Return examine(index, row, light=False): the row normalised and checked. A light look (the
+    survey's) only normalises: a row it passes that a full look drops is dropped when walked."""
     normalise = None
 
-    def examine(index: int, row: object) -> Examined:
+    def examine(index: int, row: object, light: bool = False) -> Examined:
         nonlocal normalise
         if isinstance(row, BrokenRow):
             return Examined(None, "malformed", row.reason)
@@ -154,11 +156,13 @@ def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int
             report.format = resolve_format(spec.format, row.keys(), where)  # type: ignore[union-attr]
             report.turns = spec.turns or default_turns(report.format)
             normalise = NORMALISERS[report.format]
-        own_id = source_id(row)  # type: ignore[arg-type]
         try:
             prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)  # type: ignore[arg-type]
         except MalformedRow as exc:
             return Examined(None, "malformed", str(exc))
+        if light:
+            return Examined(prompt)
+        own_id = source_id(row)  # type: ignore[arg-type]
         if not all(is_valid_unicode(content) for _, content in prompt):
             return Examined(None, "malformed", "text is not valid Unicode (lone surrogate)")
         reason = filters.cheap_filter(prompt, max_chars)
