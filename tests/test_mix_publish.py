@@ -165,3 +165,12 @@ def test_every_normaliser_and_alias_is_a_recipe_format() -> None:
         spec = {"path": "x.jsonl", "samples": 1, "format": name}
         recipe_from_dict({"name": "f", "sources": [spec]})
     assert {"deepswe", "hermes", "apigen", "hermes-function-calling"} <= {*NORMALISERS, *ALIASES}
+
+
+def test_an_out_that_is_a_link_keeps_its_link_and_the_mix_lands_where_it_points(folder: Path) -> None:
+    (folder / "disk").mkdir()
+    link = folder / "mix"
+    link.symlink_to(folder / "disk" / "mix")
+    assert _build(folder, _recipe(folder, 0, 10), link) == 0
+    assert _build(folder, _recipe(folder, 1, 10), link) == 0  # a rebuild swaps the folder it points to
+    assert link.is_symlink() and len(open_mix(link).ids()) == 10 and (folder / "disk" / "mix" / ".curator").is_dir()

@@ -363,7 +363,7 @@ def build_mix(
     `allow_outside_paths`: let a recipe file's `path:` sources read outside its folder (the caller's
     permission, never the recipe's).
     """
-    out = Path(out_dir)
+    out = publish.real_out(out_dir)
     max_tokens = max_prompt_tokens if max_prompt_tokens is not None else recipe.filters.max_prompt_tokens
     if max_tokens is not None and tokenizer is None:
         raise ConfigError("max_prompt_tokens needs the target's tokenizer (build-mix --tokenizer PATH)")

@@ -347,7 +347,7 @@ def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> 
     """
     from curator.mix import publish  # the publishing rules are the build's; a reader needs none of them
 
-    out = Path(out_dir)
+    out = publish.real_out(out_dir)
     lock = publish.acquire(out)
     try:
         publish.remove_stale(out)
