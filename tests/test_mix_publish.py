@@ -14,43 +14,37 @@ import duckdb
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from rich.console import Console
 
 from curator.cli import main
 from curator.mix import build_mix, open_mix, recipe_from_dict
 from curator.mix.formats import ALIASES, NORMALISERS
 from curator.mix.recipe import load_recipe
+from test_reliability_publish import KILL_AFTER_RENAMES  # SIGKILL after the k-th part rename
 
 ROOT = Path(__file__).resolve().parent.parent
-# Runs the CLI with os.replace and os.rename wrapped: SIGKILL right after the K-th rename of a part
-# file, or (K = 0) right after the old mix is renamed aside by a swap without renameat2.
-KILL_MID_PUBLISH = """
+# Runs the CLI as a system without renameat2 would (old folder renamed aside, then the new one into
+# place), with SIGKILL right after the old mix is renamed aside.
+KILL_WHEN_ASIDE = """
 import os, signal, sys
 import curator.mix.publish as publish
-k = int(sys.argv[1])
-real_replace, real_rename, count = os.replace, os.rename, [0]
-def replace(src, dst, *args, **kwargs):
-    real_replace(src, dst, *args, **kwargs)
-    if os.path.basename(str(dst)).startswith("part-"):
-        count[0] += 1
-        if count[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
+real = os.rename
 def rename(src, dst, *args, **kwargs):
-    real_rename(src, dst, *args, **kwargs)
-    if k == 0 and ".old.tmp-" in os.path.basename(str(dst)):
+    real(src, dst, *args, **kwargs)
+    if ".old.tmp-" in os.path.basename(str(dst)):
         os.kill(os.getpid(), signal.SIGKILL)
-os.replace, os.rename = replace, rename
-if k == 0:
-    publish._exchange = lambda a, b: False
+os.rename, publish._exchange = rename, lambda a, b: False
 from curator.cli import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[1:]))
 """
 
 
 def _recipe(folder: Path, seed: int, samples: int = 400, name: str = "publish") -> Path:
+    recipe = {"name": name, "seed": seed, "rows_per_part": 20, "dedup": {"exact": True, "near": False},
+              "sources": [{"path": "chat.jsonl", "name": "chat", "samples": samples}]}
     path = folder / f"recipe-{seed}.yaml"
-    path.write_text(f"name: '{name}'\nseed: {seed}\nrows_per_part: 20\nsources:\n"
-                    f"  - path: chat.jsonl\n    name: chat\n    samples: {samples}\ndedup: {{exact: true, near: false}}\n")
+    path.write_text(yaml.safe_dump(recipe))
     return path
 
 
@@ -67,7 +61,9 @@ def _build(folder: Path, recipe: Path, out: Path, *extra: str) -> int:
 
 
 def _killed(folder: Path, recipe: Path, out: Path, k: int) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILL_MID_PUBLISH, str(k), "build-mix", "--recipe", str(recipe), "--out",
+    """Run build-mix killed after its k-th part rename, or (k = 0) once the old mix is renamed aside."""
+    script = [KILL_WHEN_ASIDE] if k == 0 else [KILL_AFTER_RENAMES, str(k)]
+    proc = subprocess.run([sys.executable, "-c", *script, "build-mix", "--recipe", str(recipe), "--out",
                            str(out), "--catalog", str(folder / "c.duckdb")], cwd=ROOT, capture_output=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
