@@ -25,7 +25,7 @@ from curator.errors import ConfigError
 from curator.mix import filters, publish
 from curator.mix.decontam import DEFAULT_NEAR, HELDOUT_OWNER, Decontaminator, dedup_text, row_texts
 from curator.mix.dedup import Deduper
-from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, default_turns, resolve_format, source_id, to_prompt
+from curator.mix.formats import NORMALISERS, MalformedRow, default_turns, resolve_format, source_id, to_prompt
 from curator.mix.match import (
     SELECTION,
     UNIFORM,
@@ -284,7 +284,6 @@ class _SourceRun:
         """Keep rows until the quotas are met or the source runs out; return the rows kept now, in row order."""
         if self.report.skipped or not self._wanted():
             return []
-        ctx, report = self.ctx, self.report
         need = self._wanted()
         on_read = None if self._read_counted else self._on_read
         self._read_counted = True
