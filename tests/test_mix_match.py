@@ -130,3 +130,14 @@ def test_a_profile_sharing_no_category_with_the_recipe_is_refused_listing_both(f
     with pytest.raises(ConfigError, match="no such profile"):
         build_mix(recipe_from_dict({"name": "m", "sources": [{"path": str(folder / "chat.jsonl"), "samples": 1}]}),
                   folder / "mix", match=folder / "missing.json")
+
+
+def test_the_plan_gives_every_shared_category_its_target_even_from_sources_of_zero_recipe_rows(tmp_path: Path) -> None:
+    from curator.mix.match import plan
+    from curator.traffic.schema import load_profile
+
+    profile = load_profile(write_profile(tmp_path / "p.json", {"code": 0.5, "chat": 0.5}, {}))
+    matched = plan(profile, [(0, "code", 0), (1, "chat", 7), (2, "chat", 3), (3, "general", 5)], 15, "uniform")
+    assert matched.targets == {"code": 8, "chat": 7, "general": 0}
+    assert matched.quotas == {0: {"code": 8}, 1: {"chat": 5}, 2: {"chat": 2}, 3: {"general": 0}}
+    assert matched.not_in_traffic == ["general"] and matched.not_in_recipe == {}

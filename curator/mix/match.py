@@ -119,7 +119,10 @@ def plan(profile: Profile, cells: Sequence[tuple[int, str, int]], total: int, me
     quotas: dict[int, dict[str, int]] = {}
     for cat, target in targets.items():
         mine = [(i, rows) for i, c, rows in cells if c == cat]
-        for (i, _), n in zip(mine, largest_remainder([rows for _, rows in mine], target)):
+        weights = [rows for _, rows in mine]
+        if not sum(weights):  # sources whose recipe rows round to nothing still share their category's target
+            weights = [1] * len(mine)
+        for (i, _), n in zip(mine, largest_remainder(weights, target)):
             quotas.setdefault(i, {})[cat] = n
     return MatchPlan(
         traffic_shares=dict(shares),
