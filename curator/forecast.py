@@ -71,7 +71,7 @@ class Fit:
 
     def predict(self, n: float) -> float:
         """Return the acceptance the line gives at `n` samples."""
-        return _untransform(self.law, self.a + self.b * math.log(n), self.steps)
+        return float(_untransform(self.law, self.a + self.b * math.log(n), self.steps))
 
     @property
     def slope_t(self) -> float:
@@ -85,22 +85,29 @@ class Fit:
             return None
         return math.exp(min((y - self.a) / self.b, 700.0))
 
+    def draws(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Return DRAWS lines (a, b) drawn from the fit's Student-t distribution (degrees of freedom:
+        points - 2), which widens with few points."""
+        rng = np.random.default_rng(seed)
+        z = rng.multivariate_normal([0.0, 0.0], np.asarray(self.cov), size=DRAWS, method="eigh")
+        scale = np.sqrt(self.dof / rng.chisquare(self.dof, size=DRAWS)) if self.dof > 0 else np.ones(DRAWS)
+        return self.a + z[:, 0] * scale, self.b + z[:, 1] * scale
+
     def band(self, goal: float, seed: int = 0) -> tuple[float, float]:
         """Return the (low, high) percentiles of the samples for `goal` over drawn lines (inf: unbounded)."""
         y = _transform(self.law, goal, self.steps)
         if y is None:
             return math.inf, math.inf
-        rng = np.random.default_rng(seed)
-        cov = np.asarray(self.cov)
-        z = rng.multivariate_normal([0.0, 0.0], cov, size=DRAWS, method="eigh")
-        # Student-t draws: a normal over sqrt(chi2 / dof), which widens the band with few points
-        scale = np.sqrt(self.dof / rng.chisquare(self.dof, size=DRAWS)) if self.dof > 0 else np.ones(DRAWS)
-        a = self.a + z[:, 0] * scale
-        b = self.b + z[:, 1] * scale
+        a, b = self.draws(seed)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             n = np.where(b > 0, np.exp(np.minimum((y - a) / np.where(b > 0, b, 1.0), 700.0)), np.inf)
         lo, hi = np.percentile(n, BAND)
         return float(lo), float(hi)
+
+    def predict_draws(self, n: float, seed: int = 0) -> np.ndarray:
+        """Return the acceptance at `n` samples under each drawn line."""
+        a, b = self.draws(seed)
+        return np.asarray(_untransform(self.law, a + b * math.log(n), self.steps))
 
 
 def _transform(law: str, acceptance: float, steps: int) -> float | None:
@@ -112,10 +119,12 @@ def _transform(law: str, acceptance: float, steps: int) -> float | None:
     return math.log(p / (1.0 - p))
 
 
-def _untransform(law: str, y: float, steps: int) -> float:
+def _untransform(law: str, y: Any, steps: int) -> Any:
+    """Return acceptance from the transformed axis (a float or an array of them)."""
     if law == "log-linear":
         return y
-    return 1.0 + steps / (1.0 + math.exp(-y))
+    with np.errstate(over="ignore"):
+        return 1.0 + steps / (1.0 + np.exp(-np.asarray(y, dtype=np.float64)))
 
 
 def fit_law(points: Sequence[Point], law: str, steps: int) -> Fit | None:
