@@ -156,7 +156,7 @@ def test_same_recipe_same_bytes_and_another_seed_another_sample(sources, tmp_pat
 def test_output_has_the_contract_schema_and_turn_policy(sources, tmp_path):
     build_mix(load_recipe(_recipe(sources)), tmp_path / "out")
     table = pq.read_table(next((tmp_path / "out").glob("part-00000-*.parquet")))
-    assert table.schema.names == ["id", "source", "category", "messages", "turns", "keep_responses", "tools"]
+    assert table.schema.names == ["id", "source", "category", "messages", "turns", "keep_responses", "tools", "source_id"]
     assert table.schema.field("messages").type.value_type.names == ["role", "content", "tool_calls", "tool_call_id", "name"]
     rows = table.to_pylist()
     assert len({r["id"] for r in rows}) == len(rows)

@@ -88,8 +88,15 @@ def test_recipe_paths_are_confined_to_the_recipe_folder_unless_allowed(tmp_path,
         capsys.readouterr()
         assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1
         err = " ".join(capsys.readouterr().err.split())
-        assert "outside the recipe's folder" in err and "allow_outside_paths" in err
+        assert "outside the recipe's folder" in err and "--allow-outside-paths" in err
         assert not (project / "mix" / MANIFEST).exists()
+    # The permission is the caller's: a recipe that grants it to itself is refused, naming the flag.
     recipe.write_text("name: opted-out\nallow_outside_paths: true\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
-    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 0
+    capsys.readouterr()
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "`allow_outside_paths` is not a recipe key" in err and "--allow-outside-paths" in err
+    assert not (project / "mix").exists()
+    recipe.write_text("name: opted-out\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), "--allow-outside-paths", *catalog]) == 0
     assert read_manifest(project / "mix")["rows"] == 1

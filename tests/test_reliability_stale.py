@@ -58,10 +58,11 @@ def test_a_killed_builds_parts_are_removed_by_the_next_build(tmp_path: Path) -> 
     args = ["build-mix", "--recipe", str(recipe), "--out", str(out), "--catalog", str(tmp_path / "c.duckdb")]
     killed = subprocess.run([sys.executable, "-c", KILL_AFTER_RENAMES, "3", *args], cwd=ROOT, capture_output=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
-    assert list(out.glob(".part-*"))  # temporaries of the parts it had not renamed yet
+    assert list(tmp_path.glob(".mix.build.tmp-*/.part-*"))  # its staging folder, beside the mix
     assert main(args) == 0
     manifest = json.loads((out / MANIFEST).read_text())
     assert sorted(p.name for p in out.iterdir()) == sorted([p["file"] for p in manifest["parts"]] + [".curator"])
+    assert not list(tmp_path.glob(".mix.*"))  # staging folder and lock gone
 
 
 def test_checkpoint_temporaries_of_an_interrupted_save_are_removed(tmp_path: Path) -> None:

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.progress import Progress, TaskID
+from rich.table import Table
+from rich.text import Text
 
 from curator.errors import ConfigError
 from curator.mix.online import OFFLINE_ENV
-from curator.ui import console, progress, rows_table, stdout, summary_table
+from curator.ui import console, format_value, progress, stdout, summary_table
 
 if TYPE_CHECKING:  # pyarrow and the normalisers load when the command runs, not for its usage errors
     from curator.mix.build import SourceReport
     from curator.mix.recipe import Recipe
 
-SUMMARY_COLUMNS = ("source", "format", "quota", "read", "malformed", "filtered", "duplicates", "kept", "shortfall")
+SUMMARY_COLUMNS = ("source", "format", "category", "quota", "read", "malformed", "filtered", "decontaminated",
+                   "duplicates", "held out", "kept", "shortfall")
+_MANIFEST_KEYS = {"held out": "heldout"}
 
 
 class _RichProgress:
@@ -29,7 +35,7 @@ class _RichProgress:
         self.tasks: dict[str, TaskID] = {}
 
     def source_started(self, name: str, quota: int) -> None:
-        self.tasks[name] = self.bar.add_task(f"{name}: reading", total=None)
+        self.tasks[name] = self.bar.add_task(f"{escape(name)}: reading", total=None)  # names are data, not markup
 
     def rows_read(self, name: str, read: int) -> None:
         self.bar.update(self.tasks[name], completed=read)
@@ -37,7 +43,7 @@ class _RichProgress:
     def source_done(self, report: SourceReport) -> None:
         self.bar.update(
             self.tasks[report.name],
-            description=f"{report.name}: kept {report.kept:,}/{report.quota:,}",
+            description=f"{escape(report.name)}: kept {report.kept:,}/{report.quota:,}",
             total=max(report.read, 1),
             completed=max(report.read, 1),
         )
@@ -56,6 +62,12 @@ def build_mix_command(
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Target tokenizer folder, for --max-prompt-tokens."),
     max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", help="Drop prompts longer than this (target tokens)."),
     offline: bool = typer.Option(False, "--offline", help="No network: read Hub sources from the local datasets cache (HF_HUB_OFFLINE=1)."),
+    match: Optional[Path] = typer.Option(
+        None, "--match", help="Traffic profile (curator profile): category shares and traffic-like rows follow it."
+    ),
+    allow_outside_paths: bool = typer.Option(
+        False, "--allow-outside-paths", help="Let the recipe's path: sources read outside the recipe's folder."
+    ),
 ) -> None:
     """Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota."""
     from curator.catalog import Catalog
@@ -84,18 +96,58 @@ def build_mix_command(
             max_prompt_tokens=max_prompt_tokens,
             licenses=licenses,
             progress=_RichProgress(bar),
+            match=match,
+            allow_outside_paths=allow_outside_paths,
         )
     mix_id = cat.record_mix(mix_recipe.name, out.resolve(), mix_recipe.model_dump(mode="json"), manifest)
     _render(manifest, out, mix_id)
 
 
+class Records:
+    """Rows as a table when it fits the terminal, else one block per row (as psql's expanded display):
+    at any width, no name, value or header is cut."""
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str) -> None:
+        self.columns = list(columns)
+        self.cells = [[format_value(v) for v in row] for row in rows]
+        self.title = title
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths = [max([len(c)] + [len(row[i]) for row in self.cells]) for i, c in enumerate(self.columns)]
+        if sum(widths) + 3 * len(widths) + 1 <= options.max_width:
+            table = Table(title=Text(self.title), title_justify="left")
+            for i, name in enumerate(self.columns):
+                table.add_column(name, no_wrap=True, justify="left" if i == 0 else "right")
+            for row in self.cells:
+                table.add_row(*(Text(cell) for cell in row))  # cells are data, never markup
+            yield table
+            return
+        yield Text(self.title, style="bold")
+        for row in self.cells:
+            yield Text(f"{self.columns[0]}: {row[0]}", style="bold")
+            line = " "
+            for name, cell in zip(self.columns[1:], row[1:]):
+                pair = f" {name} {cell}" if cell else ""
+                if len(line) + len(pair) > options.max_width and line.strip():
+                    yield Text(line)
+                    line = " "
+                line += pair
+            if line.strip():
+                yield Text(line)
+
+
+def summary_rows(manifest: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Return the build table's columns and rows (a source per row, then the total); held out only when used."""
+    columns = [c for c in SUMMARY_COLUMNS if c != "held out" or manifest["total"].get("heldout")]
+    rows = []
+    for s in [*manifest["sources"], {**manifest["total"], "name": "total", "format": "", "category": ""}]:
+        rows.append([s["name"], *(s.get(_MANIFEST_KEYS.get(c, c)) for c in columns[1:])])
+    return columns, rows
+
+
 def _render(manifest: dict, out: Path, mix_id: str) -> None:
-    rows = [
-        [s["name"], s["format"], *(s[c] for c in SUMMARY_COLUMNS[2:])] for s in manifest["sources"]
-    ]
-    total = manifest["total"]
-    rows.append(["total", "", *(total[c] for c in SUMMARY_COLUMNS[2:])])
-    stdout.print(rows_table(SUMMARY_COLUMNS, rows, title=f"mix {manifest['name']}"))
+    columns, rows = summary_rows(manifest)
+    stdout.print(Records(columns, rows, f"mix {manifest['name']}"))
     for s in manifest["sources"]:
         if s["skipped"]:
             console.print(f"[yellow]skipped {escape(str(s['name']))}:[/] {escape(str(s['skipped']))}")
@@ -103,19 +155,38 @@ def _render(manifest: dict, out: Path, mix_id: str) -> None:
             reasons = ", ".join(f"{k} ({v:,})" for k, v in s["malformed_reasons"].items())
             console.print(f"[yellow]malformed in {escape(str(s['name']))}:[/] {escape(reasons)}", highlight=False)
     if manifest["duplicates"]:
-        stdout.print(
-            rows_table(
-                ("kept from", "dropped from", "exact", "near"),
-                [(d["kept_source"], d["dropped_source"], d["exact"], d["near"]) for d in manifest["duplicates"]],
-                title="duplicates by source pair",
-            )
-        )
-    stdout.print(
-        summary_table(
-            "written",
-            [("rows", manifest["rows"]), ("parts", len(manifest["parts"])), ("folder", str(out)), ("catalog mix id", mix_id)],
-        )
-    )
+        stdout.print(Records(("kept from", "dropped from", "exact", "near"),
+                             [(d["kept_source"], d["dropped_source"], d["exact"], d["near"]) for d in manifest["duplicates"]],
+                             "duplicates by source pair"))
+    decontaminate = manifest.get("decontaminate") or {}
+    if decontaminate.get("sets"):
+        stdout.print(Records(("decontamination set", "prompts", "malformed", "mix rows dropped"),
+                             [(d["name"], d["prompts"], d["malformed"], d["mix_rows_dropped"]) for d in decontaminate["sets"]],
+                             f"decontamination (exact, and near at Jaccard {decontaminate['near']})"))
+    if manifest.get("match"):
+        _render_match(manifest["match"])
+    written = [("rows", manifest["rows"]), ("parts", len(manifest["parts"])), ("folder", str(out)), ("catalog mix id", mix_id)]
+    if manifest.get("heldout"):
+        held = manifest["heldout"]
+        written.append(("held-out split", f"{out / held['folder']} ({held['rows']:,} rows, {held['conversations']:,} conversations)"))
+    stdout.print(summary_table("written", written))
+
+
+def _render_match(match: dict[str, Any]) -> None:
+    rows = [(cat, _pct(c["traffic_share"]), _pct(c["target_share"]), c["target"], c["kept"], _pct(c["achieved_share"]))
+            for cat, c in match["categories"].items()]
+    stdout.print(Records(("category", "traffic", "target share", "target", "kept", "achieved"), rows,
+                         f"matched to {match['profile']} ({match['method']})"))
+    if match["not_in_recipe"]:
+        missing = ", ".join(f"{c} ({_pct(s)})" for c, s in match["not_in_recipe"].items())
+        console.print(f"[yellow]traffic the recipe has no source for:[/] {escape(missing)}", highlight=False)
+    if match["not_in_traffic"]:
+        console.print(f"[yellow]recipe categories absent from the traffic (no rows):[/] "
+                      f"{escape(', '.join(match['not_in_traffic']))}", highlight=False)
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f}%"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,40 +1,58 @@
-"""Build a mix: read -> normalise -> filter -> sample -> dedup -> write, source by source.
+"""Build a mix: read -> normalise -> filter -> sample -> decontaminate -> dedup -> write, source by source.
 
 Sources are processed in recipe order, which is their priority: a row that duplicates a row
-already kept from an earlier source is dropped and counted against that pair of sources.
-The output is a mix folder as curator/mix/schema.py defines it (docs/mix.md): parquet parts and
-.curator/manifest.json, published whole; the same recipe gives the same bytes. One build at a time writes a
-folder, and a build first removes what a killed one left there.
+already kept from an earlier source is dropped and counted against that pair of sources. A row
+that matches a prompt of the recipe's `decontaminate:` list (or the traffic's held-out split) never
+enters the mix. The output is a mix folder as curator/mix/schema.py defines it (docs/mix.md),
+built whole in a sibling folder and swapped in (curator/mix/publish.py); the same recipe gives the
+same bytes. With `match`, the quotas follow a traffic profile and rows are chosen by importance
+(curator/mix/match.py).
 """
 
 from __future__ import annotations
 
 import shutil
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from curator.errors import ConfigError
-from curator.mix import filters
+from curator.mix import filters, publish
+from curator.mix.decontam import DEFAULT_NEAR, HELDOUT_OWNER, Decontaminator, dedup_text, row_texts
 from curator.mix.dedup import Deduper
-from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, default_turns, resolve_format, to_prompt
+from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, default_turns, resolve_format, source_id, to_prompt
+from curator.mix.match import (
+    SELECTION,
+    UNIFORM,
+    MatchPlan,
+    TrafficModel,
+    category_split,
+    largest_remainder,
+    plan,
+    shared_categories,
+)
 from curator.mix.online import require_hub
 from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
-from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter, mix_lock, remove_stale_files
-from training.outlock import OutputBusyError
+from curator.mix.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST, MANIFEST_VERSION, MixWriter
+from curator.mix.survey import Examined, Survey, importance_keys, survey
+from curator.traffic.schema import CATEGORIES, Profile, load_profile
 from training.text import is_valid_unicode
 
 _MAX_REASONS = 20
+_EXCLUDED_KEY = 1 << 65  # past every 64-bit sampling key: held-out rows are walked last, and skipped
 
 
 @dataclass
 class SourceReport:
-    """What happened to one source's rows: read = malformed + filtered + duplicates + kept + unsampled."""
+    """What happened to one source's rows:
+    read = malformed + filtered + decontaminated + duplicates + heldout + kept + unsampled."""
 
     name: str
     spec: SourceSpec
@@ -43,18 +61,24 @@ class SourceReport:
     read: int = 0
     malformed: int = 0
     filtered: int = 0
+    decontaminated: int = 0
     duplicates: int = 0
+    heldout: int = 0
     kept: int = 0
     skipped: str | None = None
+    quotas: dict[str, int] = field(default_factory=dict)  # category -> rows wanted (the recipe's, or matched)
+    kept_by_category: Counter[str] = field(default_factory=Counter)
     malformed_reasons: Counter[str] = field(default_factory=Counter)
     filtered_reasons: Counter[str] = field(default_factory=Counter)
     duplicates_exact: int = 0
     duplicates_near: int = 0
+    decontaminated_exact: int = 0
+    decontaminated_near: int = 0
     with_tools: int = 0  # kept rows carrying structured tools or tool calls
 
     @property
     def quota(self) -> int:
-        return self.spec.samples
+        return sum(self.quotas.values()) if self.quotas else self.spec.samples
 
     @property
     def shortfall(self) -> int:
@@ -62,7 +86,8 @@ class SourceReport:
 
     @property
     def unsampled(self) -> int:
-        return self.read - self.malformed - self.filtered - self.duplicates - self.kept
+        return (self.read - self.malformed - self.filtered - self.decontaminated - self.duplicates - self.heldout
+                - self.kept)
 
     def malformed_reason(self, reason: str) -> None:
         """Count one malformed row under its reason (distinct reasons capped, the rest under 'other')."""
@@ -80,23 +105,29 @@ class SourceReport:
             "config": spec.config,
             "split": spec.split if spec.dataset is not None else None,
             "format": self.format,
-            "category": spec.category,
+            "category": "(classified)" if spec.is_traffic else spec.category,
             "turns": self.turns,
             "keep_responses": spec.keep_responses,
             "license": spec.license,
+            "recipe_quota": spec.samples,
             "quota": self.quota,
             "read": self.read,
             "malformed": self.malformed,
             "filtered": self.filtered,
+            "decontaminated": self.decontaminated,
             "duplicates": self.duplicates,
+            "heldout": self.heldout,
             "kept": self.kept,
             "shortfall": self.shortfall,
             "unsampled": self.unsampled,
             "skipped": self.skipped,
+            "categories": {c: {"quota": q, "kept": self.kept_by_category.get(c, 0)} for c, q in sorted(self.quotas.items())},
             "malformed_reasons": dict(sorted(self.malformed_reasons.items())),
             "filtered_reasons": dict(sorted(self.filtered_reasons.items())),
             "duplicates_exact": self.duplicates_exact,
             "duplicates_near": self.duplicates_near,
+            "decontaminated_exact": self.decontaminated_exact,
+            "decontaminated_near": self.decontaminated_near,
             "with_tools": self.with_tools,
         }
 
@@ -111,107 +142,203 @@ class MixProgress(Protocol):
     def source_done(self, report: SourceReport) -> None: ...
 
 
-@dataclass(frozen=True)
-class _Examined:
-    prompt: Conversation | None
-    drop: str | None = None  # "malformed" | "filtered"
-    reason: str | None = None
-
-
-def dedup_text(prompt: Conversation) -> str:
-    """Return the text dedup compares: the user and tool turns (system prompts are often shared boilerplate)."""
-    return "\n".join(content for role, content in prompt if role in ("user", "tool"))
-
-
-def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None):
+def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[[int, object], Examined]:
     normalise = None
 
-    def examine(index: int, row: object) -> _Examined:
+    def examine(index: int, row: object) -> Examined:
         nonlocal normalise
         if isinstance(row, BrokenRow):
-            return _Examined(None, "malformed", row.reason)
+            return Examined(None, "malformed", row.reason)
         if normalise is None:
             report.format = resolve_format(spec.format, row.keys(), where)  # type: ignore[union-attr]
             report.turns = spec.turns or default_turns(report.format)
             normalise = NORMALISERS[report.format]
+        own_id = source_id(row)  # type: ignore[arg-type]
         try:
             prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)  # type: ignore[arg-type]
         except MalformedRow as exc:
-            return _Examined(None, "malformed", str(exc))
+            return Examined(None, "malformed", str(exc))
         if not all(is_valid_unicode(content) for _, content in prompt):
-            return _Examined(None, "malformed", "text is not valid Unicode (lone surrogate)")
+            return Examined(None, "malformed", "text is not valid Unicode (lone surrogate)")
         reason = filters.cheap_filter(prompt, max_chars)
         if reason is not None:
-            return _Examined(None, "filtered", reason)
-        return _Examined(prompt)
+            return Examined(None, "filtered", reason)
+        return Examined(prompt, source_id=own_id, category=None if spec.is_traffic else spec.category)
 
     return examine
 
 
-def _build_source(
-    idx: int,
-    spec: SourceSpec,
-    recipe: Recipe,
-    deduper: Deduper,
-    pairs: Counter[tuple[int, int, str]],
-    counter: filters.TokenCounter | None,
-    max_tokens: int | None,
-    license: str | None,
-    progress: MixProgress | None,
-) -> tuple[SourceReport, list[tuple[int, Conversation]]]:
-    name = spec.label()
-    report = SourceReport(name=name, spec=spec)
-    if spec.format != "auto":
-        report.format = resolve_format(spec.format, (), name)
-        report.turns = spec.turns or default_turns(report.format)
-    refusal = filters.license_refusal(license, recipe.filters.licenses)
-    if refusal is not None:
-        report.skipped = refusal
-        return report, []
-    open_rows = open_source(spec, recipe.base_dir, recipe.seed, recipe.path_root)
-    examine = _examiner(spec, report, f"source {name!r}", recipe.filters.max_prompt_chars)
+@dataclass
+class _Context:
+    """What every source's sampling shares: the dedup and decontamination state, the filters, the seed."""
 
-    def on_read(n: int) -> None:
-        report.read = n
-        if progress is not None:
-            progress.rows_read(name, n)
+    recipe: Recipe
+    deduper: Deduper
+    contam: Decontaminator
+    pairs: Counter[tuple[int, int, str]]
+    counter: filters.TokenCounter | None
+    max_tokens: int | None
+    root: Path | None
+    progress: MixProgress | None
+    model: TrafficModel | None  # under --match with features: the traffic's feature distributions
 
-    kept: list[tuple[int, Conversation]] = []
-    capacity = spec.samples + spec.samples // 5 + 64
-    items = walk(open_rows, lambda i: row_key(recipe.seed, name, i), examine, capacity, on_read)
-    while report.kept < spec.samples:
-        # Rows go through dedup in chunks so that signatures are computed together; rows of
-        # a chunk past the quota are not counted (they stay "unsampled").
-        chunk = list(islice(items, max(16, min(512, spec.samples - report.kept))))
-        if not chunk:
-            break
-        reasons = [
-            filters.token_filter(ex.prompt, counter, max_tokens) if ex.prompt is not None else None for _, ex in chunk
-        ]
-        passing = [i for i, (_, ex) in enumerate(chunk) if ex.prompt is not None and reasons[i] is None]
-        prepared = dict(zip(passing, deduper.prepare([dedup_text(chunk[i][1].prompt) for i in passing])))
-        for i, (index, ex) in enumerate(chunk):
-            if report.kept >= spec.samples:
+
+class _SourceRun:
+    """One source's sampling: its walk order, the rows decided so far, and fills up to its quotas.
+
+    A fill walks the source in key order (seeded random, or Gumbel top-k on importance under --match)
+    and keeps rows until every category quota of the source is met or the rows run out. A later
+    fill (a remainder handed over from a short source) walks again and passes over the rows already
+    decided.
+    """
+
+    def __init__(self, idx: int, spec: SourceSpec, ctx: _Context, license: str | None) -> None:
+        recipe = ctx.recipe
+        self.idx, self.spec, self.ctx = idx, spec, ctx
+        self.name = spec.label()
+        self.report = SourceReport(name=self.name, spec=spec)
+        if spec.format != "auto":
+            self.report.format = resolve_format(spec.format, (), self.name)
+            self.report.turns = spec.turns or default_turns(self.report.format)
+        self.report.skipped = filters.license_refusal(license, recipe.filters.licenses)
+        self.open_rows = open_source(spec, recipe.base_dir, recipe.seed, ctx.root)
+        self.examine = _examiner(spec, self.report, f"source {self.name!r}", recipe.filters.max_prompt_chars)
+        self.found: Survey | None = None
+        self.keys: np.ndarray | None = None
+        self.decided: set[int] = set()
+        self.exhausted = self.report.skipped is not None
+        self._read_counted = False
+
+    def _on_read(self, n: int) -> None:
+        self.report.read = n
+        if self.ctx.progress is not None:
+            self.ctx.progress.rows_read(self.name, n)
+
+    def prepare(self) -> None:
+        """Survey the source when its sample depends on every row (a traffic source; --match with features)."""
+        if self.report.skipped or not (self.spec.is_traffic or self.ctx.model is not None):
+            return
+        model, seed = self.ctx.model, self.ctx.recipe.seed
+        self.found = survey(self.open_rows(), self.examine, self.spec, seed, model.buckets if model else None,
+                            self._on_read)
+        self._read_counted = True
+        self.report.heldout = int(self.found.excluded.sum())
+        if model is not None:
+            self.keys = importance_keys(self.found, model, seed, self.name)
+
+    def recipe_cells(self) -> dict[str, int]:
+        """Return the recipe's rows for this source per category (a traffic source: split by its own shares)."""
+        if self.spec.is_traffic:
+            return category_split(self.found.counts(), self.spec.samples) if self.found is not None else {}
+        return {self.spec.category: self.spec.samples}
+
+    def heldout_rows(self) -> Iterator[tuple[int, Examined]]:
+        """Yield (index, examined row) for the held-out rows, in file order."""
+        found = self.found
+        if found is None or not found.excluded.any():
+            return
+        for index, row in enumerate(self.open_rows()):
+            if index < found.read and found.excluded[index]:
+                ex = self.examine(index, row)
+                if ex.prompt is not None:
+                    yield index, Examined(ex.prompt, source_id=ex.source_id, category=found.category(index))
+
+    def _key(self) -> Callable[[int], Any]:
+        seed, name, found = self.ctx.recipe.seed, self.name, self.found
+        if self.keys is not None:
+            keys = self.keys
+            return lambda i: float(keys[i]) if i < keys.size else float("inf")
+        if found is not None and found.excluded.any():
+            excluded = found.excluded
+            return lambda i: _EXCLUDED_KEY if i < excluded.size and excluded[i] else row_key(seed, name, i)
+        return lambda i: row_key(seed, name, i)
+
+    def _examine(self, index: int, row: object) -> Examined:
+        found = self.found
+        if found is not None and index < found.read:
+            if found.excluded[index]:
+                return Examined(None, "heldout")
+            ex = self.examine(index, row)
+            if ex.prompt is not None and self.spec.is_traffic:
+                return Examined(ex.prompt, source_id=ex.source_id, category=found.category(index))
+            return ex
+        ex = self.examine(index, row)
+        if ex.prompt is not None and self.spec.is_traffic:  # a row the survey did not see
+            from curator.mix.survey import classify_prompt
+
+            return Examined(ex.prompt, source_id=ex.source_id, category=classify_prompt(ex.prompt))
+        return ex
+
+    def _room(self, category: str | None) -> bool:
+        return category is not None and self.report.kept_by_category[category] < self.report.quotas.get(category, 0)
+
+    def _wanted(self) -> int:
+        return sum(max(0, q - self.report.kept_by_category[c]) for c, q in self.report.quotas.items())
+
+    def fill(self) -> list[tuple[int, Examined]]:
+        """Keep rows until the quotas are met or the source runs out; return the rows kept now, in row order."""
+        if self.report.skipped or not self._wanted():
+            return []
+        ctx, report = self.ctx, self.report
+        need = self._wanted()
+        on_read = None if self._read_counted else self._on_read
+        self._read_counted = True
+        items = walk(self.open_rows, self._key(), self._examine, need + need // 5 + 64 + len(self.decided), on_read)
+        kept: list[tuple[int, Examined]] = []
+        while self._wanted():
+            # Rows go through decontamination and dedup in chunks so that signatures are computed
+            # together; rows of a chunk past the quota stay undecided ("unsampled").
+            raw = list(islice(items, max(16, min(512, self._wanted()))))
+            if not raw:
+                self.exhausted = True
                 break
+            kept.extend(self._decide([(i, ex) for i, ex in raw if i not in self.decided]))
+        return sorted(kept, key=lambda t: t[0])
+
+    def _decide(self, chunk: list[tuple[int, Examined]]) -> list[tuple[int, Examined]]:
+        ctx, report = self.ctx, self.report
+        reasons = [filters.token_filter(ex.prompt, ctx.counter, ctx.max_tokens) if ex.prompt is not None and
+                   self._room(ex.category) else None for _, ex in chunk]
+        passing = [k for k, (_, ex) in enumerate(chunk) if ex.prompt is not None and self._room(ex.category)
+                   and reasons[k] is None]
+        contaminated = dict(zip(passing, ctx.contam.check([chunk[k][1].prompt for k in passing])))
+        clean = [k for k in passing if contaminated[k] is None]
+        prepared = dict(zip(clean, ctx.deduper.prepare([dedup_text(chunk[k][1].prompt) for k in clean])))
+        kept: list[tuple[int, Examined]] = []
+        for k, (index, ex) in enumerate(chunk):
+            if not self._wanted():
+                break
+            if ex.drop == "heldout":
+                self.decided.add(index)  # counted by the survey
+                continue
             if ex.drop == "malformed":
                 report.malformed_reason(ex.reason or "malformed")
-            elif ex.drop == "filtered" or reasons[i] is not None:
+            elif ex.drop == "filtered" or reasons[k] is not None:
                 report.filtered += 1
-                report.filtered_reasons[ex.reason or reasons[i] or "filtered"] += 1
-            elif (match := deduper.check(prepared[i], idx)) is not None:
+                report.filtered_reasons[ex.reason or reasons[k] or "filtered"] += 1
+            elif not self._room(ex.category):
+                continue  # its category is full here: unsampled, and a later fill may take it
+            elif (hit := contaminated[k]) is not None:
+                ctx.contam.count(hit)
+                report.decontaminated += 1
+                if hit.kind == "exact":
+                    report.decontaminated_exact += 1
+                else:
+                    report.decontaminated_near += 1
+            elif (match := ctx.deduper.check(prepared[k], self.idx)) is not None:
                 report.duplicates += 1
                 if match.kind == "exact":
                     report.duplicates_exact += 1
                 else:
                     report.duplicates_near += 1
-                pairs[(match.owner, idx, match.kind)] += 1
+                ctx.pairs[(match.owner, self.idx, match.kind)] += 1
             else:
-                kept.append((index, ex.prompt))
+                kept.append((index, ex))
                 report.kept += 1
-                report.with_tools += int(ex.prompt.has_tools())
-    # The first pass always reads the whole source (bottom-k needs every key), so `read`
-    # is the source's full size or its scan limit even when the quota was met early.
-    return report, sorted(kept, key=lambda t: t[0])
+                report.kept_by_category[ex.category] += 1  # type: ignore[index]
+                report.with_tools += int(ex.prompt.has_tools())  # type: ignore[union-attr]
+            self.decided.add(index)
+        return kept
 
 
 def build_mix(
@@ -222,63 +349,141 @@ def build_mix(
     max_prompt_tokens: int | None = None,
     licenses: Mapping[str, str | None] | None = None,
     progress: MixProgress | None = None,
+    match: str | Path | None = None,
+    allow_outside_paths: bool = False,
 ) -> dict[str, Any]:
-    """Return the manifest of the mix built from `recipe` into `out_dir` (parquet parts + .curator/manifest.json)."""
+    """Return the manifest of the mix built from `recipe` into `out_dir` (parquet parts + .curator/manifest.json).
+
+    `match`: a traffic profile (PROFILE.json) whose category shares and features the mix follows.
+    `allow_outside_paths`: let a recipe file's `path:` sources read outside its folder (the caller's
+    permission, never the recipe's).
+    """
     out = Path(out_dir)
     max_tokens = max_prompt_tokens if max_prompt_tokens is not None else recipe.filters.max_prompt_tokens
     if max_tokens is not None and tokenizer is None:
         raise ConfigError("max_prompt_tokens needs the target's tokenizer (build-mix --tokenizer PATH)")
+    profile = load_profile(match) if match is not None else None
+    if profile is not None:
+        shared_categories(profile, recipe_categories(recipe))
+    root = None if allow_outside_paths else recipe.path_root
+    everything = [*recipe.sources, *recipe.decontaminate]
+    for spec in everything:  # inputs first: a missing file or an unreachable Hub leaves nothing behind
+        open_source(spec, recipe.base_dir, recipe.seed, root)
+    require_hub([spec.dataset for spec in everything if spec.dataset])
     counter = filters.TokenCounter(tokenizer) if tokenizer is not None else None
-    for spec in recipe.sources:  # inputs first: a missing file or an unreachable Hub leaves no folder behind
-        open_source(spec, recipe.base_dir, recipe.seed)
-    require_hub([spec.dataset for spec in recipe.sources if spec.dataset])
-    created = not out.exists()
+    model = TrafficModel(profile) if profile is not None and profile.features is not None else None
+    ctx = _Context(recipe, Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near), Decontaminator(recipe.dedup.near),
+                   Counter(), counter, max_tokens, root, progress, model)
+    lock = publish.acquire(out)
     try:
-        lock = mix_lock(out).acquire()
-    except OutputBusyError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        remove_stale_files(out)
-        return _build(recipe, out, counter, max_tokens, licenses, progress)
-    except BaseException:
-        if created and not any(out.glob("part-*.parquet")):
-            shutil.rmtree(out, ignore_errors=True)  # a failed first build leaves no folder
-        raise
+        publish.remove_stale(out)
+        publish.check_out(out, is_mix=(out / MANIFEST).exists() or (out / LEGACY_MANIFEST).exists())
+        stage = publish.staging_dir(out)
+        try:
+            manifest = _build(ctx, stage, licenses, profile, match)
+            publish.swap_in(stage, out)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        return manifest
     finally:
         lock.release()
 
 
+def recipe_categories(recipe: Recipe) -> set[str]:
+    """Return the categories a recipe's sources can fill (a traffic source: every classifier category)."""
+    cats = {s.category for s in recipe.sources if not s.is_traffic}
+    return cats | set(CATEGORIES) if any(s.is_traffic for s in recipe.sources) else cats
+
+
 def _build(
-    recipe: Recipe,
-    out: Path,
-    counter: filters.TokenCounter | None,
-    max_tokens: int | None,
+    ctx: _Context,
+    stage: Path,
     licenses: Mapping[str, str | None] | None,
-    progress: MixProgress | None,
+    profile: Profile | None,
+    match: str | Path | None,
 ) -> dict[str, Any]:
-    deduper = Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near)
-    pairs: Counter[tuple[int, int, str]] = Counter()
-    writer = MixWriter(out, recipe.rows_per_part)
-    reports: list[SourceReport] = []
-    try:
-        for idx, spec in enumerate(recipe.sources):
-            if progress is not None:
-                progress.source_started(spec.label(), spec.samples)
-            license = spec.license or (licenses or {}).get(spec.dataset or "")
-            report, kept = _build_source(idx, spec, recipe, deduper, pairs, counter, max_tokens, license, progress)
-            for index, prompt in kept:
-                writer.add((f"{report.name}:{index}", report.name, spec.category, prompt, report.turns, spec.keep_responses))
-            reports.append(report)
-            if progress is not None:
-                progress.source_done(report)
-        refuse_empty(reports)
-        parts = writer.finish()
-        manifest = _manifest(recipe, reports, pairs, parts, max_tokens)
-        writer.publish(manifest)
-    except BaseException:
-        writer.abort()
-        raise
+    recipe, progress = ctx.recipe, ctx.progress
+    for spec in recipe.decontaminate:
+        ctx.contam.load(spec, recipe.base_dir, recipe.seed, ctx.root)
+    runs = [_SourceRun(i, spec, ctx, spec.license or (licenses or {}).get(spec.dataset or "")) for i, spec in
+            enumerate(recipe.sources)]
+    for run in runs:
+        if progress is not None:
+            progress.source_started(run.name, run.spec.samples)
+        run.prepare()
+    heldout = next((_write_heldout(run, stage, ctx) for run in runs if run.report.heldout), None)
+    cells = [(run.idx, cat, n) for run in runs for cat, n in run.recipe_cells().items()]
+    matched: MatchPlan | None = None
+    if profile is not None:
+        matched = plan(profile, cells, recipe.total_samples(), SELECTION if ctx.model is not None else UNIFORM)
+        for run in runs:
+            run.report.quotas = dict(matched.quotas.get(run.idx, {}))
+    else:
+        for idx, cat, n in cells:
+            runs[idx].report.quotas[cat] = n
+    writer = MixWriter(stage, recipe.rows_per_part)
+
+    def write(run: _SourceRun, rows: list[tuple[int, Examined]]) -> None:
+        for index, ex in rows:
+            writer.add((f"{run.name}:{index}", run.name, ex.category, ex.prompt, run.report.turns,
+                        run.spec.keep_responses, ex.source_id))
+
+    for run in runs:
+        write(run, run.fill())
+        if progress is not None:
+            progress.source_done(run.report)
+    if matched is not None:
+        _hand_over_remainders(runs, write)
+        for run in runs:
+            for cat, n in run.report.kept_by_category.items():
+                matched.kept[cat] = matched.kept.get(cat, 0) + n
+    reports = [run.report for run in runs]
+    refuse_empty(reports)
+    parts = writer.finish()
+    manifest = _manifest(recipe, reports, ctx, parts, heldout, matched, match)
+    writer.publish(manifest)
     return manifest
+
+
+def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRun, list[tuple[int, Examined]]], None]) -> None:
+    """Give the remainder of each source that ran short to the sources of its category that still have
+    rows (in proportion to their quotas), until none is short or none has rows left."""
+    while True:
+        moved = False
+        for cat in sorted({c for run in runs for c in run.report.quotas}):
+            short = [r for r in runs if r.exhausted and r.report.kept_by_category[cat] < r.report.quotas.get(cat, 0)]
+            takers = [r for r in runs if not r.exhausted and cat in r.report.quotas]
+            if not short or not takers:
+                continue
+            remainder = sum(r.report.quotas[cat] - r.report.kept_by_category[cat] for r in short)
+            for r in short:
+                r.report.quotas[cat] = r.report.kept_by_category[cat]
+            for r, extra in zip(takers, largest_remainder([max(1, r.report.quotas[cat]) for r in takers], remainder)):
+                r.report.quotas[cat] += extra
+            for r in takers:
+                write(r, r.fill())
+            moved = True
+        if not moved:
+            return
+
+
+def _write_heldout(run: _SourceRun, stage: Path, ctx: _Context) -> dict[str, Any]:
+    """Write the traffic's held-out rows as a mix of their own (stage/.heldout) and keep them out of this one."""
+    writer = MixWriter(stage / publish.HELDOUT_DIR, ctx.recipe.rows_per_part)
+    texts: list[str] = []
+    rows = 0
+    for index, ex in run.heldout_rows():
+        writer.add((f"{run.name}:{index}", run.name, ex.category, ex.prompt, run.report.turns, False, ex.source_id))
+        texts.extend(row_texts(ex.prompt))  # type: ignore[arg-type]
+        rows += 1
+    ctx.contam.add(HELDOUT_OWNER, texts)
+    entry = {"folder": publish.HELDOUT_DIR, "source": run.name, "heldout": run.spec.heldout, "seed": ctx.recipe.seed,
+             "conversations": run.found.heldout_conversations if run.found is not None else 0, "rows": rows}
+    parts = writer.finish()
+    writer.publish({"manifest_version": MANIFEST_VERSION, "name": f"{ctx.recipe.name}-heldout", "rows": rows,
+                    "columns": list(COLUMNS), "parts": parts, "heldout": entry})
+    return entry
 
 
 def refuse_empty(reports: Sequence[SourceReport]) -> None:
@@ -296,26 +501,34 @@ def _why_nothing(report: SourceReport) -> str:
         return f"skipped ({report.skipped})"
     if not report.read:
         return "no rows"
+    if not report.quota:
+        return "quota 0 (the traffic has none of its category)"
     parts = [f"{report.read:,} read"]
     for what, count, reasons in (("malformed", report.malformed, report.malformed_reasons),
                                  ("filtered", report.filtered, report.filtered_reasons)):
         if count:
             parts.append(f"{count:,} {what} (" + ", ".join(f"{k}: {v:,}" for k, v in reasons.most_common(3)) + ")")
-    if report.duplicates:
-        parts.append(f"{report.duplicates:,} duplicates")
+    for what, count in (("decontaminated", report.decontaminated), ("duplicates", report.duplicates),
+                        ("held out", report.heldout)):
+        if count:
+            parts.append(f"{count:,} {what}")
     return ", ".join(parts)
 
 
 def _manifest(
     recipe: Recipe,
     reports: list[SourceReport],
-    pairs: Counter[tuple[int, int, str]],
+    ctx: _Context,
     parts: list[dict[str, Any]],
-    max_tokens: int | None,
+    heldout: dict[str, Any] | None,
+    matched: MatchPlan | None,
+    match: str | Path | None,
 ) -> dict[str, Any]:
-    keys = ("quota", "read", "malformed", "filtered", "duplicates", "kept", "shortfall", "unsampled")
+    keys = ("quota", "read", "malformed", "filtered", "decontaminated", "duplicates", "heldout", "kept", "shortfall",
+            "unsampled")
     sources = [r.to_dict() for r in reports]
     total = {k: sum(s[k] for s in sources) for k in keys}
+    pairs = ctx.pairs
     dup_pairs = []
     for owner, dropped in sorted({(o, d) for o, d, _ in pairs}):
         dup_pairs.append(
@@ -337,9 +550,13 @@ def _manifest(
         "sources": sources,
         "duplicates": dup_pairs,
         "dedup": {"exact": recipe.dedup.exact, "near": recipe.dedup.near, "priority": [r.name for r in reports]},
+        "decontaminate": {"near": ctx.contam.near if ctx.contam.near is not None else DEFAULT_NEAR,
+                          "sets": [s.to_dict() for s in ctx.contam.sets]},
+        "heldout": heldout,
+        "match": matched.to_dict(str(match)) if matched is not None else None,
         "filters": {
             "max_prompt_chars": recipe.filters.max_prompt_chars,
-            "max_prompt_tokens": max_tokens,
+            "max_prompt_tokens": ctx.max_tokens,
             "licenses": recipe.filters.licenses,
         },
         "recipe": recipe.model_dump(mode="json"),
@@ -393,10 +610,4 @@ def recipe_from_catalog(
 def _scale(counts: list[int], target: int) -> list[int]:
     if target <= 0:
         raise ConfigError(f"--target-samples must be positive (got {target})")
-    total = sum(counts)
-    exact = [c * target / total for c in counts]
-    out = [int(x) for x in exact]
-    order = sorted(range(len(counts)), key=lambda i: (-(exact[i] - out[i]), i))
-    for i in order[: target - sum(out)]:
-        out[i] += 1
-    return out
+    return largest_remainder(counts, target)

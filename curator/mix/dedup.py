@@ -192,18 +192,37 @@ class Deduper:
 
     def check(self, item: Prepared, owner: int) -> Match | None:
         """Return the match if `item` duplicates a kept row; else remember it as `owner`'s and return None."""
+        match = self.find(item)
+        if match is None:
+            self.remember(item, owner)
+        return match
+
+    def find(self, item: Prepared) -> Match | None:
+        """Return the match if `item` duplicates a remembered row, remembering nothing."""
         if item.digest is not None and item.digest in self._hashes:
             return Match("exact", self._hashes[item.digest])
         if self._lsh is not None and item.signature is not None and item.shingles is not None:
-            lean = LeanMinHash(seed=1, hashvalues=item.signature, scheme="affine32")
             # LSH proposes candidates; the exact Jaccard of the 5-gram sets decides.
-            hits = [k for k in self._lsh.query(lean) if jaccard(self._sets[k], item.shingles) >= self.near]  # type: ignore[operator]
+            hits = [k for k in self._lsh.query(self._lean(item))
+                    if jaccard(self._sets[k], item.shingles) >= self.near]  # type: ignore[operator]
             if hits:
                 return Match("near", self._owners[min(hits)], min(hits))
+        return None
+
+    def remember(self, item: Prepared, owner: int) -> None:
+        """Remember `item` as a row of `owner` (later rows matching it are its duplicates)."""
+        if self._lsh is not None and item.signature is not None and item.shingles is not None:
             key = len(self._sets)
             self._sets.append(item.shingles)
             self._owners.append(owner)
-            self._lsh.insert(key, lean, check_duplication=False)
+            self._lsh.insert(key, self._lean(item), check_duplication=False)
         if item.digest is not None:
-            self._hashes[item.digest] = owner
-        return None
+            self._hashes.setdefault(item.digest, owner)
+
+    def __len__(self) -> int:
+        """Return how many texts are remembered (exact digests, else near signatures)."""
+        return len(self._hashes) if self.exact else len(self._sets)
+
+    @staticmethod
+    def _lean(item: Prepared) -> LeanMinHash:
+        return LeanMinHash(seed=1, hashvalues=item.signature, scheme="affine32")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from curator.errors import ConfigError
+from curator.traffic.schema import unwrap_request
 
 
 class Turn(tuple):
@@ -94,7 +95,25 @@ ALIASES = {"magicoder": "instruction-response", "opencodeinstruct": "input-outpu
 
 # Agentic trajectories: each observation depends on the actions before it, so only the final
 # answer can be regenerated faithfully.
-DEFAULT_TURNS = {"swe-agent": "last", "glaive": "last", "deepswe": "last"}
+# A request log holds each request as the target received it: its history is what the target was
+# shown, so only the final turn is answered again.
+DEFAULT_TURNS = {"swe-agent": "last", "glaive": "last", "deepswe": "last", "traffic": "last"}
+
+# A source's own row id, kept beside the mix id (`source_id`) so that a row can be traced back.
+ID_FIELDS = ("id", "_id", "uuid", "conversation_id", "request_id", "sample_id", "instance_id", "question_id",
+             "task_id", "idx")
+_MAX_ID_CHARS = 200
+
+
+def source_id(row: Mapping[str, Any]) -> str | None:
+    """Return the row's own id (the first of ID_FIELDS that holds a string or an integer), or None."""
+    for key in ID_FIELDS:
+        value = row.get(key)
+        if isinstance(value, str) and value:
+            return value[:_MAX_ID_CHARS]
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return None
 
 
 def _field(row: Mapping[str, Any], key: str) -> Any:
@@ -488,6 +507,12 @@ def xlam(row: Mapping[str, Any]) -> Conversation:
                         tools=[tool_schema(t) for t in tools])
 
 
+def traffic(row: Mapping[str, Any]) -> Conversation:
+    """Return a logged request: `{messages, tools?}` as OpenAI-compatible servers log it, or wrapped as
+    request-log middlewares write it (`{"body": {...}}`, the body possibly JSON text)."""
+    return messages(unwrap_request(dict(row)))
+
+
 NORMALISERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
     "sharegpt": sharegpt,
     "hermes": sharegpt,
@@ -501,6 +526,7 @@ NORMALISERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
     "deepswe": deepswe,
     "glaive": glaive,
     "xlam": xlam,
+    "traffic": traffic,
 }
 
 # Checked in order: the first whose columns are all present wins, so the more specific

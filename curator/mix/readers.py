@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError, HubError
-from curator.mix.recipe import SourceSpec
+from curator.mix.recipe import _Location as SourceSpec  # a source or a decontamination set
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 _CHUNK = 1 << 20
@@ -224,7 +224,7 @@ def open_source(spec: SourceSpec, base_dir: Path, seed: int, confine_to: Path | 
             if outside:
                 raise ConfigError(
                     f"source path {spec.path!r} reads {outside[0]}, outside the recipe's folder {root}; "
-                    "move the data under that folder or set `allow_outside_paths: true` in the recipe"
+                    "move the data under that folder, or run build-mix with --allow-outside-paths"
                 )
         if spec.scan is not None:
             return lambda: _take(_local_rows(files), spec.scan)

@@ -13,33 +13,25 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from curator.errors import ConfigError
+from curator.mix.formats import ALIASES, NORMALISERS
 
-FORMAT_NAMES = (
-    "auto",
-    "sharegpt",
-    "messages",
-    "instruction-response",
-    "input-output",
-    "query-answer",
-    "alpaca",
-    "swe-agent",
-    "glaive",
-    "xlam",
-    "openthoughts",
-    # aliases named after the datasets that made them known
-    "magicoder",
-    "opencodeinstruct",
-    "codefeedback",
-)
+# Built from the normalisers themselves, so that every format docs/generation.md documents is one
+# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py).
+FORMAT_NAMES = ("auto", *sorted({*NORMALISERS, *ALIASES}))
 FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
+TRAFFIC_FORMAT = "traffic"
+REMOVED_KEYS = {
+    "allow_outside_paths": "a recipe cannot widen what it may read: the person running the build decides, "
+                           "with `curator build-mix --allow-outside-paths`",
+}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SourceSpec(_Strict):
-    """One source of the mix: a Hub dataset (`dataset`) or local file/folder (`path`)."""
+class _Location(_Strict):
+    """Where rows come from: a Hub dataset (`dataset`) or a local file or folder (`path`)."""
 
     dataset: str | None = None
     path: str | None = None
@@ -49,16 +41,11 @@ class SourceSpec(_Strict):
     data_files: str | list[str] | None = None
     revision: str | None = None
     format: FormatName = "auto"
-    samples: int = Field(gt=0)
-    category: str = "general"
-    turns: Literal["all", "last"] | None = Field(None, description="default: 'last' for agentic formats, else 'all'")
-    keep_responses: bool = False
-    license: str | None = None
     scan: int | None = Field(None, gt=0, description="read at most this many rows (shuffled shards) instead of all")
     streaming: bool = True
 
     @model_validator(mode="after")
-    def _one_location(self) -> SourceSpec:
+    def _one_location(self) -> _Location:
         if (self.dataset is None) == (self.path is None):
             raise ValueError("give exactly one of `dataset` (a Hub id) or `path` (a local file or folder)")
         return self
@@ -73,6 +60,55 @@ class SourceSpec(_Strict):
         if self.split != "train" and self.dataset is not None:
             base += f"[{self.split}]"
         return base
+
+
+class SourceSpec(_Location):
+    """One source of the mix. A `format: traffic` source is the target's own request log: each row's
+    category comes from the traffic classifier, and `heldout` keeps conversations out for evaluation."""
+
+    samples: int = Field(gt=0)
+    category: str = "general"
+    turns: Literal["all", "last"] | None = Field(None, description="default: 'last' for agentic formats and traffic, else 'all'")
+    keep_responses: bool = False
+    license: str | None = None
+    heldout: int | float | None = Field(
+        None, description="traffic only: a fraction of the conversations (0.1) or a number of them (200), never trained on"
+    )
+
+    @property
+    def is_traffic(self) -> bool:
+        return self.format == TRAFFIC_FORMAT
+
+    @field_validator("heldout")
+    @classmethod
+    def _heldout(cls, value: int | float | None) -> int | float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or (isinstance(value, float) and not 0.0 < value < 1.0) or (
+            isinstance(value, int) and value < 1
+        ):
+            raise ValueError("heldout is a fraction of the conversations in (0, 1), such as 0.1, or a count >= 1")
+        return value
+
+    @model_validator(mode="after")
+    def _traffic_fields(self) -> SourceSpec:
+        if self.heldout is not None and not self.is_traffic:
+            raise ValueError("heldout applies to a traffic source (format: traffic)")
+        if self.is_traffic and "category" in self.model_fields_set:
+            raise ValueError("a traffic source's categories come from the traffic classifier; remove `category:`")
+        if self.is_traffic and self.keep_responses:
+            raise ValueError("a request log holds no answers to keep; remove `keep_responses:`")
+        return self
+
+
+class DecontamSpec(_Location):
+    """Prompts that must never enter the mix (a benchmark, an eval set): exactly or nearly.
+
+    `field` names a plain text column (`{path: evalset.jsonl, field: prompt}`); without it each row is
+    read as a conversation in `format` and its user turns are the prompts.
+    """
+
+    field: str | None = None
 
 
 class DedupSpec(_Strict):
@@ -117,9 +153,7 @@ class Recipe(_Strict):
     dedup: DedupSpec = DedupSpec()
     filters: FilterSpec = FilterSpec()
     rows_per_part: int = Field(50_000, gt=0)
-    allow_outside_paths: bool = Field(
-        False, description="let `path:` sources of a recipe file read outside the file's folder"
-    )
+    decontaminate: list[DecontamSpec] = Field(default_factory=list)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _from_file: bool = PrivateAttr(default=False)
 
@@ -131,6 +165,8 @@ class Recipe(_Strict):
             if label in seen:
                 raise ValueError(f"sources[{i}] has the same name as an earlier source ({label!r}); give it a `name:`")
             seen.add(label)
+        if sum(src.is_traffic for src in self.sources) > 1:
+            raise ValueError("at most one traffic source (format: traffic): its held-out split is the mix's")
         return self
 
     @property
@@ -142,11 +178,11 @@ class Recipe(_Strict):
     def path_root(self) -> Path | None:
         """Return the folder `path:` sources must lie in (a recipe file's folder), or None when unconfined.
 
-        A recipe file may come from someone else: without `allow_outside_paths: true` its sources
-        cannot name files elsewhere on this machine (`../../secrets/creds.json`). A recipe built in
-        code names the caller's own paths.
+        A recipe file may come from someone else: its sources cannot name files elsewhere on this
+        machine (`../../secrets/creds.json`) unless the person running the build passes
+        `--allow-outside-paths`. A recipe built in code names the caller's own paths.
         """
-        return self._base_dir if self._from_file and not self.allow_outside_paths else None
+        return self._base_dir if self._from_file else None
 
     def with_base_dir(self, base_dir: Path, *, from_file: bool = False) -> Recipe:
         """Return this recipe with relative paths resolving against `base_dir` (confined to it when `from_file`)."""
@@ -170,6 +206,9 @@ def recipe_from_dict(data: Any, where: str = "recipe") -> Recipe:
     """Return the validated recipe; errors name the key and `where` (the file)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a recipe is a mapping with name, seed, sources, ... (got {type(data).__name__})")
+    for key, why in REMOVED_KEYS.items():
+        if key in data:
+            raise ConfigError(f"{where}: `{key}` is not a recipe key: {why}")
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:

@@ -2,12 +2,12 @@
 
 A mix folder holds parquet parts and .curator/manifest.json. The manifest is the completion marker: it is
 written last, atomically, and names every part with its row count and SHA-256, so a reader sees a
-whole mix or refuses the folder. Parts carry their content hash in their names, so a rebuild never
-overwrites a part the current manifest names; the old mix stays whole until the new manifest
-replaces it in one rename, and only then are the parts it no longer names removed.
+whole mix or refuses the folder. A mix is written whole into a sibling folder and swapped in by one
+rename (curator/mix/publish.py), so that readers which glob the folder never see parts of two mixes.
 
 Rows: id, source, category, messages (list of {role, content, tool_calls, tool_call_id, name}),
-turns, keep_responses, tools (JSON text of the OpenAI tool schemas offered, or null). The turn
+turns, keep_responses, tools (JSON text of the OpenAI tool schemas offered, or null), source_id
+(the row's own id in its source, or null). The turn
 policy says which turns the target answers (`answer_points`):
 
 turns=all   every user turn, and the end of every run of tool turns, in order, each with the
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,18 +34,15 @@ import pyarrow.parquet as pq
 
 from curator.errors import ConfigError
 from training.atomic import TMP_MARK, fsync_path, write_text
-from training.gen_record import tool_call_problem
 from training.diskspace import named_disk_full
-from training.outlock import OutputLock
-from training.tempfiles import remove_matching
+from training.gen_record import tool_call_problem
 
 # The manifest sits in a hidden folder so that the obvious read-backs of a mix folder see only
 # parquet: `datasets.load_dataset("parquet", data_dir=MIX)` skips hidden paths, and DuckDB's
-# 'MIX/*' does not descend into folders (a hidden *file* it would read).
+# 'MIX/*.parquet' does not descend into folders.
 MANIFEST = ".curator/manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # mixes built before the manifest moved
 MANIFEST_VERSION = 1
-LOCK_FILE = ".build-mix.lock"
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 TURN_POLICIES = frozenset({"all", "last"})
 ANSWERED_ROLES = ("user", "tool")
@@ -65,6 +63,7 @@ SCHEMA = pa.schema(
         ("turns", pa.string()),
         ("keep_responses", pa.bool_()),
         ("tools", pa.string()),  # JSON list of the tools offered (OpenAI shape), null when none
+        ("source_id", pa.string()),  # the row's own id in its source (its `id` column, ...), null when it has none
     ]
 )
 COLUMNS = tuple(f.name for f in SCHEMA)
@@ -217,7 +216,7 @@ def first_context(row: MixRow) -> list[dict[str, str]]:
 # ---- writing ---------------------------------------------------------------------------------
 
 
-def _table(rows: Sequence[tuple[str, str, str, Any, str, bool]]) -> pa.Table:
+def _table(rows: Sequence[tuple[str, str, str, Any, str, bool, str | None]]) -> pa.Table:
     """Return the rows as a table of SCHEMA; a row's turns may carry tool fields (mix.formats.Turn)."""
     # Built column-wise: much faster than from_pylist on nested dicts.
     offsets = [0]
@@ -252,6 +251,7 @@ def _table(rows: Sequence[tuple[str, str, str, Any, str, bool]]) -> pa.Table:
             pa.array([r[4] for r in rows], pa.string()),
             pa.array([r[5] for r in rows], pa.bool_()),
             pa.array(tools, pa.string()),
+            pa.array([r[6] for r in rows], pa.string()),
         ],
         schema=SCHEMA,
     )
@@ -279,19 +279,17 @@ class _Part:
 
 
 class MixWriter:
-    """Writes a mix folder: parts under temporary names, then `publish` (parts renamed, manifest last).
-
-    Hold `mix_lock(out_dir)` around its use, so that one build at a time writes the folder.
-    """
+    """Writes a mix into a folder of its own (a build's staging folder, see curator/mix/publish.py):
+    parts under temporary names, then `publish` (parts renamed, manifest last)."""
 
     def __init__(self, out_dir: str | Path, rows_per_part: int = 50_000) -> None:
         self.out_dir = Path(out_dir)
         self.rows_per_part = rows_per_part
-        self.buffer: list[tuple[str, str, str, list[tuple[str, str]], str, bool]] = []
+        self.buffer: list[tuple[str, str, str, Any, str, bool, str | None]] = []
         self.parts: list[_Part] = []
 
-    def add(self, row: tuple[str, str, str, Any, str, bool]) -> None:
-        """Queue one row (id, source, category, [(role, content)], turns, keep_responses)."""
+    def add(self, row: tuple[str, str, str, Any, str, bool, str | None]) -> None:
+        """Queue one row (id, source, category, [(role, content)], turns, keep_responses, source_id)."""
         self.buffer.append(row)
         if len(self.buffer) >= self.rows_per_part:
             self._flush()
@@ -304,6 +302,7 @@ class MixWriter:
     def write_table(self, table: pa.Table) -> None:
         """Write a whole table as the next part (temporary name, fsynced, hashed)."""
         index = len(self.parts)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.out_dir / f".part-{index:05d}.parquet{TMP_MARK}{os.getpid()}"
         try:
             with named_disk_full(self.out_dir):
@@ -320,17 +319,12 @@ class MixWriter:
         return [{"file": p.name, "rows": p.rows, "sha256": p.sha256} for p in self.parts]
 
     def publish(self, manifest: dict[str, Any]) -> None:
-        """Rename the parts into place, replace the manifest (the mix is now the new one), drop what it does not name."""
+        """Rename the parts to their content-addressed names, then write the manifest (the folder is a mix)."""
         for part in self.parts:
             os.replace(part.tmp, self.out_dir / part.name)
         fsync_path(self.out_dir)
         write_text(self.out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         fsync_path(self.out_dir)
-        (self.out_dir / LEGACY_MANIFEST).unlink(missing_ok=True)  # the new manifest is the one that counts
-        named = {p.name for p in self.parts}
-        for path in self.out_dir.glob(PART_GLOB):
-            if path.name not in named:
-                path.unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Remove the temporary parts (the folder keeps the mix it had)."""
@@ -350,10 +344,15 @@ def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> 
 
     For mixes made outside build-mix (benchmarks, test fixtures); the tables should follow SCHEMA.
     """
+    from curator.mix import publish  # the publishing rules are the build's; a reader needs none of them
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with mix_lock(out):
-        writer = MixWriter(out)
+    lock = publish.acquire(out)
+    try:
+        publish.remove_stale(out)
+        publish.check_out(out, is_mix=(out / MANIFEST).exists())
+        stage = publish.staging_dir(out)
+        writer = MixWriter(stage)
         try:
             for table in tables:
                 writer.write_table(conform(table))
@@ -361,35 +360,13 @@ def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> 
             manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
                         "columns": list(COLUMNS), "parts": parts}
             writer.publish(manifest)
+            publish.swap_in(stage, out)
         except BaseException:
-            writer.abort()
+            shutil.rmtree(stage, ignore_errors=True)
             raise
+    finally:
+        lock.release()
     return manifest
-
-
-def mix_lock(out_dir: str | Path) -> OutputLock:
-    """Return the (unacquired) lock that makes one build at a time the writer of a mix folder."""
-    return OutputLock(out_dir, LOCK_FILE, "`curator build-mix`")
-
-
-def remove_stale_files(out_dir: str | Path) -> list[Path]:
-    """Delete what killed builds left: temporary parts and parts the manifest does not name; return them.
-
-    Call it only while holding `mix_lock`.
-    """
-    root = Path(out_dir)
-    manifest = Path(MANIFEST)
-    removed = remove_matching(root, [f".part-*{TMP_MARK}*"])
-    removed += remove_matching(root / manifest.parent, [f".{manifest.name}{TMP_MARK}*"])
-    try:
-        named = {p["file"] for p in _load_manifest(root)["parts"]}
-    except ConfigError:
-        named = set()  # no finished mix: every part here is a leftover
-    for path in sorted(root.glob(PART_GLOB)):
-        if path.name not in named:
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
 
 
 # ---- reading ---------------------------------------------------------------------------------

@@ -1,0 +1,148 @@
+"""Publishing a mix folder whole: built beside it, swapped in by one rename.
+
+Readers other than `open_mix` (DuckDB's `'MIX/*.parquet'`, pandas, `datasets`) glob the folder and
+trust what they find, so the folder must never hold parts of two mixes at once. A build therefore
+writes a complete mix into a hidden sibling (`.MIX.build.tmp-PID`) and exchanges the two folders
+in one `renameat2(RENAME_EXCHANGE)` (Linux); a glob sees the old mix or the new one. Where the
+kernel or file system cannot exchange, the old folder is renamed aside (`.MIX.old.tmp-PID`) and
+the new one into place: a glob in between finds no folder, never a mixture, and a build killed
+there has the old mix renamed back by the next one.
+
+A build writes nothing into MIX itself, so it refuses a folder it would have to empty that holds
+files it did not write (a folder that is not a mix, or a mix with foreign files added): those are
+never deleted. One build at a time holds `.MIX.build-mix.lock` beside the folder (the folder
+itself is swapped, so the lock cannot live in it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+from curator.errors import ConfigError
+from training.atomic import TMP_MARK, fsync_path
+from training.outlock import OutputBusyError, OutputLock
+
+MANIFEST_DIR = ".curator"
+LEGACY_MANIFEST = "manifest.json"
+HELDOUT_DIR = ".heldout"
+OLD_LOCK_FILE = ".build-mix.lock"  # the lock's place inside the folder before builds swapped folders
+# What a build writes into a mix folder, and what earlier builds left there (temporaries, parts).
+_OURS = re.compile(r"part-\d{5}-[0-9a-f]{12}\.parquet|\.part-\d{5}\.parquet\.tmp-\d+")
+_OUR_NAMES = frozenset({MANIFEST_DIR, LEGACY_MANIFEST, HELDOUT_DIR, OLD_LOCK_FILE})
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def mix_lock(out_dir: str | Path) -> OutputLock:
+    """Return the (unacquired) lock that makes one build at a time the writer of a mix folder."""
+    out = Path(out_dir).absolute()
+    return OutputLock(out.parent, f".{out.name}.build-mix.lock", "`curator build-mix`")
+
+
+def acquire(out_dir: str | Path) -> OutputLock:
+    """Take the mix folder's lock; ConfigError naming the holder's PID when another build holds it."""
+    lock = mix_lock(out_dir)
+    try:
+        return lock.acquire()
+    except OutputBusyError:
+        raise ConfigError(f"{out_dir} is being written by another `curator build-mix` ({lock.holder() or 'another process'}); "
+                          "wait for it to finish or use another --out") from None
+
+
+def staging_dir(out_dir: str | Path) -> Path:
+    """Return the sibling folder this process builds the mix in."""
+    out = Path(out_dir).absolute()
+    return out.parent / f".{out.name}.build{TMP_MARK}{os.getpid()}"
+
+
+def _aside_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.old{TMP_MARK}{os.getpid()}"
+
+
+def foreign_entries(out_dir: str | Path) -> list[str]:
+    """Return the names in a mix folder that no build wrote (sorted); [] for a missing folder."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name not in _OUR_NAMES and not _OURS.fullmatch(p.name))
+
+
+def check_out(out_dir: str | Path, is_mix: bool) -> None:
+    """Refuse an --out that a build could only replace by deleting what it did not write."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    if out.is_symlink():
+        raise ConfigError(f"--out {out} is a symbolic link; give the folder it points to")
+    foreign = foreign_entries(out)
+    if not foreign:
+        return
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    what = "holds files build-mix did not write" if is_mix else "is not empty and holds no mix"
+    raise ConfigError(f"--out {out} {what} ({shown}); they are never deleted: move them away or choose another --out")
+
+
+def remove_stale(out_dir: str | Path) -> list[Path]:
+    """Clean up after killed builds (hold the lock): restore a mix left renamed aside, remove staging
+    folders and old aside copies; return what was removed. Only names builds make are touched."""
+    out = Path(out_dir).absolute()
+    parent = out.parent
+    if not parent.is_dir():
+        return []
+    removed: list[Path] = []
+    asides = sorted(parent.glob(f".{glob_escape(out.name)}.old{TMP_MARK}*"))
+    if asides and not out.exists():
+        os.rename(asides.pop(), out)  # killed between the two renames of a fallback swap: the old mix is back
+    for path in [*asides, *sorted(parent.glob(f".{glob_escape(out.name)}.build{TMP_MARK}*"))]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """Return `name` with glob's special characters made literal."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2); False when the system cannot."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def swap_in(stage: Path, out_dir: str | Path) -> None:
+    """Make the finished mix in `stage` the folder `out_dir`, and remove the mix it replaces."""
+    out = Path(out_dir).absolute()
+    foreign = foreign_entries(out)  # checked at the start too; a file added during the build survives as well
+    if foreign:
+        check_out(out, is_mix=True)
+    try:
+        if not out.exists():
+            os.rename(stage, out)
+            old = None
+        elif _exchange(stage, out):
+            old = stage
+        else:
+            old = _aside_dir(out)
+            os.rename(out, old)
+            os.rename(stage, out)
+    except OSError as exc:
+        raise ConfigError(f"cannot put the new mix in place at {out}: {exc.strerror or exc}") from None
+    fsync_path(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

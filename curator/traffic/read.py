@@ -1,0 +1,112 @@
+"""Reading a traffic sample: request logs, a mix folder, or parquet/JSONL with `messages`.
+
+Request logs are what OpenAI-compatible servers and gateways record, one request a line:
+the chat request itself (`{"model", "messages", "tools"?, ...}`), the same wrapped by a
+request-log middleware (`{"body": {...}, "headers": ..., ...}`, body as an object or as JSON
+text), or a completions request (`{"prompt": "..."}`, read as one user turn). Files with
+another conversation schema (ShareGPT `conversations`, ...) are read by the mix's own format
+detection. A mix folder (one with `.curator/manifest.json`) is read through `open_mix`.
+
+Every record yields a TrafficRow or a BrokenRow saying why it could not be read: malformed
+records are counted by the caller, never fatal, and no reason quotes the record's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from curator.mix.formats import NORMALISERS, MalformedRow, as_messages, detect_format
+from curator.mix.readers import BrokenRow, local_files, read_json, read_jsonl, read_parquet
+from curator.mix.schema import LEGACY_MANIFEST, MANIFEST, MixRow, open_mix
+from curator.traffic.schema import unwrap_request
+
+_READERS = ((".jsonl", read_jsonl), (".json", read_json), (".parquet", read_parquet))
+# OpenAI's newer clients send system instructions as "developer"; the engines treat it as system.
+_ROLE_ALIASES = {"developer": "system"}
+
+
+@dataclass(frozen=True)
+class TrafficRow:
+    """One request of the traffic: its prompt messages ({role, content, tool_calls?, ...}), the tools it
+    declares (OpenAI shape, or None), and where it came from (file and record number, or mix row id)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    where: str
+
+
+def is_mix(path: Path) -> bool:
+    """Return whether `path` is a mix folder (it has a manifest), as opposed to a folder of log files."""
+    return path.is_dir() and ((path / MANIFEST).is_file() or (path / LEGACY_MANIFEST).is_file())
+
+
+def _text_parts(content: Any) -> Any:
+    # A multimodal request is still a request: its text parts are what the draft will see as text.
+    if isinstance(content, list) and all(isinstance(p, Mapping) for p in content):
+        return "".join(p["text"] for p in content if p.get("type", "text") == "text" and isinstance(p.get("text"), str))
+    return content
+
+
+def _tidy(messages: Any) -> Any:
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for m in messages:
+        if isinstance(m, Mapping):
+            m = dict(m)
+            if isinstance(m.get("role"), str):
+                m["role"] = _ROLE_ALIASES.get(m["role"], m["role"])
+            if "content" in m:
+                m["content"] = _text_parts(m["content"])
+        out.append(m)
+    return out
+
+
+def parse_request(record: Mapping[str, Any], where: str) -> TrafficRow | BrokenRow:
+    """Return the request in one log record (or any row with a conversation), or a BrokenRow saying why not."""
+    request = unwrap_request(dict(record))
+    if "messages" in request:
+        fmt, row = "messages", {**request, "messages": _tidy(request["messages"])}
+    elif isinstance(request.get("prompt"), str):
+        fmt, row = "messages", {"messages": [{"role": "user", "content": request["prompt"]}]}
+    else:
+        fmt, row = detect_format(request.keys()), request
+        if fmt is None:
+            return BrokenRow(f"no messages in the record ({where})")
+    try:
+        conv = NORMALISERS[fmt](row)
+    except MalformedRow as exc:
+        return BrokenRow(f"{exc} ({where})")
+    if not any(role == "user" for role, _ in conv):
+        return BrokenRow(f"no user turn ({where})")
+    return TrafficRow(as_messages(conv), conv.tools, where)
+
+
+def _mix_rows(path: Path) -> Iterator[TrafficRow | BrokenRow]:
+    for row in open_mix(path).rows():
+        if isinstance(row, MixRow):
+            yield TrafficRow(row.messages, row.tools, f"{path.name}:{row.id}")
+        else:
+            yield BrokenRow(f"{row.reason} ({path.name}:{row.id})")
+
+
+def iter_traffic(path: str | Path) -> Iterator[TrafficRow | BrokenRow]:
+    """Yield every request in a traffic file, a folder of them, or a mix folder; a BrokenRow per unreadable one.
+
+    A missing path or a folder without data files is a ConfigError (from `local_files`).
+    """
+    path = Path(path)
+    if is_mix(path):
+        yield from _mix_rows(path)
+        return
+    for file in local_files(path):
+        reader = next(read for suffix, read in _READERS if file.name.endswith(suffix))
+        for n, record in enumerate(reader(file), 1):
+            where = f"{file.name} record {n}"
+            if isinstance(record, BrokenRow):
+                yield record
+            else:
+                yield parse_request(record, where)
