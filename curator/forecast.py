@@ -181,12 +181,18 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
+def best_fit(points: Sequence[Point], steps: int) -> tuple[dict[str, Fit], Fit | None]:
+    """Return every law's fit through `points` (two sizes at least) and the one with the smaller residual."""
+    sizes = len({p.samples for p in points})
+    fits = {law: f for law in LAWS if sizes >= 2 and (f := fit_law(points, law, steps)) is not None}
+    return fits, (min(fits.values(), key=lambda f: f.rmse) if fits else None)
+
+
 def forecast_category(category: str, points: Sequence[Point], goal: float, steps: int, seed: int = 0) -> CategoryForecast:
     """Return the forecast for one category: both laws fitted, the better kept, solved for `goal`."""
     pts = sorted(points, key=lambda p: p.samples)
     sizes = len({p.samples for p in pts})
-    fits = {law: f for law in LAWS if sizes >= 2 and (f := fit_law(pts, law, steps)) is not None}
-    best = min(fits.values(), key=lambda f: f.rmse) if fits else None
+    fits, best = best_fit(pts, steps)
     out = CategoryForecast(category, list(pts), fits, best.law if best else None, "forecast", "")
     if goal >= steps + 1:
         out.verdict, out.reason = "unreachable", f"a chain of {steps} drafted tokens accepts at most {steps + 1}"

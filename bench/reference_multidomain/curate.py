@@ -15,7 +15,11 @@ four mixes of the comparison differ only in what `--match` is given:
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +107,33 @@ def build(files: dict[str, Path], root: Path, name: str, how: str, total: int, p
     recipe_path = root / f"recipe-{name}.yaml"
     recipe_path.write_text(yaml.safe_dump(_recipe(files, root, name, total, decontaminate)), encoding="utf-8")
     match = ablation_profile(profile_path, how, files, root / f"profile-{how}.json")
+    t0 = time.perf_counter()
     manifest = build_mix(load_recipe(recipe_path), root / f"mix-{name}", match=match)
+    seconds = time.perf_counter() - t0
     ids = mix_ids(root / f"mix-{name}")
-    return {"ids": ids, "rows": len(ids), "domains": dict(Counter(domain_of.get(i, "?") for i in ids)),
+    return {"ids": ids, "rows": len(ids), "build_s": round(seconds, 1), "domains": dict(Counter(domain_of.get(i, "?") for i in ids)),
             "match": manifest.get("match"), "decontaminated": manifest.get("total", {}).get("decontaminated"),
             "variant": how}
+
+
+def start_builds(jobs: dict[str, tuple[Any, ...]], workers: int) -> Callable[[], dict[str, Any]]:
+    """Start `build(*args)` for every job, in `workers` processes (0: here, now); return the call that
+    waits for them and gives {name: result}. The builds are CPU work: the caller trains the target
+    on the GPU meanwhile."""
+    if workers <= 0:
+        done = {name: build(*args) for name, args in jobs.items()}
+        return lambda: done
+    # spawned, not forked: the parent may hold CUDA state, which a forked child must not inherit
+    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn"))
+    futures = {name: pool.submit(build, *args) for name, args in jobs.items()}
+
+    def collect() -> dict[str, Any]:
+        try:
+            return {name: f.result() for name, f in futures.items()}
+        finally:
+            pool.shutdown()
+
+    return collect
 
 
 def mix_ids(mix_dir: Path) -> list[str]:

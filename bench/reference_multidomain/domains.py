@@ -20,8 +20,10 @@ import os
 import random
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bench.reference.target import SourceSplit, python_sources, split_sources
+if TYPE_CHECKING:  # bench.reference.target imports torch: build-mix's worker processes need none of it
+    from bench.reference.target import SourceSplit
 
 CATEGORY = {"python": "code", "c": "code", "config": "code", "prose": "chat", "tools": "agentic",
             "arithmetic": "reasoning"}
@@ -140,6 +142,8 @@ def synthetic(domain: str, docs: int, seed: int) -> list[tuple[str, str]]:
 def domain_sources(domain: str, max_bytes: int, seed: int = 0) -> list[tuple[str, str]]:
     """Return the (path, text) documents of a domain, up to about `max_bytes`."""
     if domain == "python":
+        from bench.reference.target import python_sources
+
         return python_sources(max_bytes)
     if domain in SUFFIXES:
         return files_with(SUFFIXES[domain], max_bytes)
@@ -148,5 +152,7 @@ def domain_sources(domain: str, max_bytes: int, seed: int = 0) -> list[tuple[str
 
 def split_domains(max_bytes: dict[str, int], traffic_share: float, seed: int = 0) -> dict[str, SourceSplit]:
     """Return each domain's documents split into target text (train), candidate pool and traffic (heldout)."""
+    from bench.reference.target import split_sources
+
     return {d: split_sources(domain_sources(d, n, seed), pool_share=0.3, heldout_share=traffic_share)
             for d, n in max_bytes.items()}

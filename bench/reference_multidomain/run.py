@@ -45,12 +45,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.reference.run import Timer  # noqa: E402
+from bench.reference.run import Timer, write_mix  # noqa: E402
 from bench.reference.target import code_windows, train_target  # noqa: E402
-from bench.reference_multidomain.curate import build, pool_sources, profile, union_mix  # noqa: E402
+from bench.reference_multidomain.curate import pool_sources, profile, start_builds, union_mix  # noqa: E402
 from bench.reference_multidomain.domains import CATEGORY, DOMAINS, split_domains, tool_schemas  # noqa: E402
 from curator import forecast as fc  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
+from curator.traffic.classify import classify  # noqa: E402
 from training import hidden_states  # noqa: E402
 from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
 from training.export import export_checkpoint, load_draft  # noqa: E402
@@ -106,21 +107,25 @@ def prepare_data(args: argparse.Namespace, w: Path, tokenizer: Any, splits: dict
         traffic += [(d, request(d, p)) for p in prompts]
         counts["traffic"][d] = len(prompts)
     random.Random(7).shuffle(traffic)
-    held_n = round(len(traffic) * args.heldout_share)
-    held, seen = traffic[:held_n], traffic[held_n:]
-    write_jsonl(w / "traffic.jsonl", [r for _, r in seen])
-    write_jsonl(w / "traffic-heldout.jsonl", [{"id": f"traffic-{j:06d}", "category": CATEGORY[d], "prompt":
-                                               r["messages"][0]["content"]} for j, (d, r) in enumerate(held)])
+    # Each request's category is the traffic classifier's, as `curator profile` and a traffic
+    # source's held-out split decide it: the measurement groups prompts the way the profile weighs them.
+    labelled = [(d, classify(r["messages"], r.get("tools")).category, r) for d, r in traffic]
+    confusion: dict[str, dict[str, int]] = {}
+    for d, c, _ in labelled:
+        confusion.setdefault(d, {}).setdefault(c, 0)
+        confusion[d][c] += 1
+    counts["classified_as"] = confusion
+    held_n = round(len(labelled) * args.heldout_share)
+    held, seen = labelled[:held_n], labelled[held_n:]
+    write_jsonl(w / "traffic.jsonl", [r for _, _, r in seen])
+    write_jsonl(w / "traffic-heldout.jsonl", [{"id": f"traffic-{j:06d}", "category": c, "prompt":
+                                               r["messages"][0]["content"]} for j, (_, c, r) in enumerate(held)])
     counts["traffic_sample"], counts["traffic_heldout"] = len(seen), len(held)
     # the held-out traffic as a one-part mix, answered and captured like the pool
-    from bench.reference.run import write_mix
-
-    write_mix(w / "mix-heldout", "traffic", [r["messages"][0]["content"] for _, r in held],
-              [CATEGORY[d] for d, _ in held])
+    write_mix(w / "mix-heldout", "traffic", [r["messages"][0]["content"] for _, _, r in held], [c for _, c, _ in held])
     eval_prompts: list[EvalPrompt] = []
     per_cat: dict[str, int] = {}
-    for j, (d, r) in enumerate(held):
-        c = CATEGORY[d]
+    for j, (_, c, r) in enumerate(held):
         if per_cat.get(c, 0) < args.eval_per_category:
             per_cat[c] = per_cat.get(c, 0) + 1
             eval_prompts.append(EvalPrompt(id=f"traffic-{j:06d}", messages=r["messages"], category=c))
@@ -131,6 +136,7 @@ def prepare_data(args: argparse.Namespace, w: Path, tokenizer: Any, splits: dict
 def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     """Run every stage; return the results. `save(results)` is called after each stage and draft."""
     save = save or (lambda _results: None)
+    t_run = time.perf_counter()
     w = Path(args.workdir)
     w.mkdir(parents=True, exist_ok=True)
     device = args.device
@@ -138,13 +144,32 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     results: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "out"},
                                "traffic_mix": TRAFFIC_MIX, "categories": CATEGORY}
 
-    with timer("target"):
+    with timer("data"):
         budget = {d: args.domain_bytes * (2 if d == "python" else 1) for d in DOMAINS}
         splits = split_domains(budget, traffic_share=args.traffic_share, seed=0)
         t0 = time.perf_counter()
         tokenizer = train_tokenizer([t for d in DOMAINS for t in splits[d].train[: max(1, len(splits[d].train) // 3)]],
                                     vocab_size=args.vocab)
         tok_s = time.perf_counter() - t0
+        data = prepare_data(args, w, tokenizer, splits)
+        results["data"] = data["counts"]
+    with timer("profile"):
+        prof = profile(w / "traffic.jsonl", w / "profile.json")
+        shares = prof.shares()
+        results["profile"] = {"shares": shares, "rows": {c: v.rows for c, v in prof.categories.items()}}
+    print(json.dumps({"profile": results["profile"], "data": results["data"]}), flush=True)
+    save(results)
+
+    small, large = args.sizes
+    mixes = {f"generic-{small}": ("generic", small), f"generic-{large}": ("generic", large),
+             f"matched-{small}": ("both", small), f"matched-{large}": ("both", large),
+             f"quotas-only-{small}": ("quotas", small), f"selection-only-{small}": ("selection", small)}
+    jobs = {name: (data["sources"], w, name, how, n, w / "profile.json", w / "traffic-heldout.jsonl", data["domain_of"])
+            for name, (how, n) in mixes.items()}
+    with timer("build-mix-start"):
+        collect = start_builds(jobs, args.build_workers)
+
+    with timer("target"):
         pairs: list[tuple[str, str]] = []
         for i, d in enumerate(DOMAINS):
             pairs += code_windows(tokenizer, splits[d].train, args.prefix_tokens, args.cont_tokens,
@@ -161,26 +186,10 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         }
     print(json.dumps(results["target"]), flush=True)
     save(results)
-
-    with timer("data"):
-        data = prepare_data(args, w, tokenizer, splits)
-        results["data"] = data["counts"]
-    with timer("profile"):
-        prof = profile(w / "traffic.jsonl", w / "profile.json")
-        shares = prof.shares()
-        results["profile"] = {"shares": shares, "rows": {c: v.rows for c, v in prof.categories.items()}}
-    print(json.dumps({"profile": results["profile"]}), flush=True)
-
-    small, large = args.sizes
-    mixes = {f"generic-{small}": ("generic", small), f"generic-{large}": ("generic", large),
-             f"matched-{small}": ("both", small), f"matched-{large}": ("both", large),
-             f"quotas-only-{small}": ("quotas", small), f"selection-only-{small}": ("selection", small)}
-    built: dict[str, Any] = {}
-    for name, (how, n) in mixes.items():
-        with timer(f"build-mix-{name}"):
-            built[name] = build(data["sources"], w, name, how, n, w / "profile.json", w / "traffic-heldout.jsonl",
-                                data["domain_of"])
+    with timer("build-mix-wait"):
+        built = collect()
     results["mixes"] = {k: {kk: vv for kk, vv in v.items() if kk != "ids"} for k, v in built.items()}
+    print(json.dumps({"mixes": results["mixes"]}), flush=True)
     save(results)
 
     with timer("union"):
@@ -207,7 +216,18 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     draft_rows: dict[str, Any] = {}
     results["drafts"] = draft_rows
 
-    def draft(tag: str, ids: list[str]) -> dict[str, Any]:
+    skipped: dict[str, str] = {}
+    results["skipped_drafts"] = skipped
+    last_s = [0.0]
+
+    def draft(tag: str, ids: list[str]) -> None:
+        # a run with a wall-clock limit skips what would not finish, and says so, instead of being killed
+        elapsed = time.perf_counter() - t_run
+        if args.stop_after_s and elapsed + last_s[0] > args.stop_after_s:
+            skipped[tag] = f"not started: {elapsed:.0f} s gone, a draft takes ~{last_s[0]:.0f} s, limit {args.stop_after_s:g} s"
+            save(results)
+            return
+        t_draft = time.perf_counter()
         ids = [i for i in ids if i in union_store]
         view = fc.subset_store(w / "states-union", ids, w / "views" / tag)
         cfg = TrainConfig(
@@ -234,9 +254,13 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                "simulated": sim, "simulated_weighted": _r(weighted(sim, shares)),
                "eval_prompts": len(report.prompts), "greedy_ties": report.ties}
         draft_rows[tag] = row
+        last_s[0] = time.perf_counter() - t_draft
         print(json.dumps({tag: row}), flush=True)
+        # recomputed after every draft: a run cut short keeps every comparison it can make
+        results["forecast"] = forecast_check(draft_rows, small, large, args, shares)
+        results["findings"] = findings(draft_rows, small, large, shares)
+        results["stages_s"] = timer.stages
         save(results)
-        return row
 
     order = [f"matched-{small}", f"generic-{small}", f"generic-{large}", f"matched-{large}"]
     for name in order:
@@ -250,11 +274,8 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     for frac, ids in fc.nested_subsets(by_cat, args.fractions, seed=0).items():
         if frac < 1:
             draft(f"matched-{small}-x{frac:g}", ids)
-    results["forecast"] = forecast_check(draft_rows, small, large, args, shares)
-    save(results)
     for name in (f"quotas-only-{small}", f"selection-only-{small}"):
         draft(name, built[name]["ids"])
-    results["findings"] = findings(draft_rows, small, large, shares)
     results["stages_s"] = timer.stages
     return results
 
@@ -275,11 +296,10 @@ def forecast_check(rows: dict[str, Any], small: int, large: int, args: argparse.
         return out
     preds, draws = {}, {}
     for cat, points in sorted(pts.items()):
-        fitted = {law: f for law in fc.LAWS if (f := fc.fit_law(points, law, args.ttt_steps)) is not None}
+        fitted, best = fc.best_fit(points, args.ttt_steps)
         n = big["category_samples"].get(cat)
-        if not fitted or not n:
+        if best is None or not n:
             continue
-        best = min(fitted.values(), key=lambda f: f.rmse)
         sample = best.predict_draws(n, seed=1)
         preds[cat], draws[cat] = best.predict(n), sample
         lo, hi = (float(v) for v in _percentiles(sample))
@@ -364,12 +384,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-per-category", type=int, default=6)
     p.add_argument("--eval-new-tokens", type=int, default=48)
+    p.add_argument("--stop-after-s", type=float, default=None,
+                   help="start no draft that the last one's time says would end past this many seconds")
+    p.add_argument("--build-workers", type=int, default=6,
+                   help="processes building the mixes while the target trains (0: one after another, first)")
     args = p.parse_args(argv)
     if args.tiny:
-        args.target_seconds, args.domain_bytes, args.vocab, args.hidden, args.layers = 3.0, 150_000, 384, 64, 2
+        args.target_seconds, args.domain_bytes, args.vocab, args.hidden, args.layers = 3.0, 150_000, 384, 64, 4
         args.target_pairs_per_domain, args.target_batch, args.prefix_tokens, args.cont_tokens = 200, 8, 16, 8
         args.pool_per_domain, args.traffic, args.sizes, args.traffic_share = 40, 120, "24,48", 0.2
-        args.gen_batch, args.train_steps, args.batch, args.eval_per_category, args.eval_new_tokens = 32, 3, 8, 1, 6
+        args.gen_batch, args.train_steps, args.batch, args.eval_per_category, args.eval_new_tokens = 32, 3, 2, 1, 6
+        args.build_workers = 0
     args.sizes = [int(x) for x in str(args.sizes).split(",")] if isinstance(args.sizes, str) else args.sizes
     args.fractions = [float(x) for x in str(args.fractions).split(",")] if isinstance(args.fractions, str) else args.fractions
     return args
