@@ -90,7 +90,8 @@ def weighted(per_category: dict[str, float], shares: dict[str, float]) -> float 
 def prepare_data(args: argparse.Namespace, w: Path, tokenizer: Any, splits: dict) -> dict[str, Any]:
     """Write the pool's source files, the traffic sample, its held-out part (a mix, for generation and
     capture) and the eval prompts; return what was written."""
-    pool_n = {d: args.pool_per_domain * (2 if d == "python" else 1) for d in DOMAINS}
+    # as many candidates of every domain: a generic mix drawn at random is then uniform over domains
+    pool_n = {d: args.pool_per_domain for d in DOMAINS}
     counts: dict[str, Any] = {"pool": {}, "traffic": {}}
     rows_by_domain = {}
     for i, d in enumerate(DOMAINS):
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                                "traffic_mix": TRAFFIC_MIX, "categories": CATEGORY}
 
     with timer("data"):
-        budget = {d: args.domain_bytes * (2 if d == "python" else 1) for d in DOMAINS}
+        budget = {d: args.domain_bytes for d in DOMAINS}
         splits = split_domains(budget, traffic_share=args.traffic_share, seed=0)
         t0 = time.perf_counter()
         tokenizer = train_tokenizer([t for d in DOMAINS for t in splits[d].train[: max(1, len(splits[d].train) // 3)]],
@@ -361,9 +362,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="also write the results JSON here")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="toy sizes for a CPU smoke run")
-    p.add_argument("--target-seconds", type=float, default=90.0)
+    p.add_argument("--target-seconds", type=float, default=75.0)
     p.add_argument("--target-steps", type=int, default=None)
-    p.add_argument("--domain-bytes", type=int, default=20_000_000, help="text per domain (python: twice)")
+    p.add_argument("--domain-bytes", type=int, default=20_000_000, help="text per domain")
     p.add_argument("--traffic-share", type=float, default=0.05, help="share of each domain's documents kept for traffic")
     p.add_argument("--target-pairs-per-domain", type=int, default=40_000)
     p.add_argument("--vocab", type=int, default=8192)
@@ -372,7 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-batch", type=int, default=128)
     p.add_argument("--prefix-tokens", type=int, default=64)
     p.add_argument("--cont-tokens", type=int, default=64)
-    p.add_argument("--pool-per-domain", type=int, default=3000, help="candidate prompts per domain (python: twice)")
+    p.add_argument("--pool-per-domain", type=int, default=4000, help="candidate prompts per domain")
     p.add_argument("--traffic", type=int, default=1000, help="traffic requests in all")
     p.add_argument("--heldout-share", type=float, default=0.2)
     p.add_argument("--sizes", default="2000,8000")
@@ -383,7 +384,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-per-category", type=int, default=6)
-    p.add_argument("--eval-new-tokens", type=int, default=48)
+    p.add_argument("--eval-new-tokens", type=int, default=40)
     p.add_argument("--stop-after-s", type=float, default=None,
                    help="start no draft that the last one's time says would end past this many seconds")
     p.add_argument("--build-workers", type=int, default=6,
