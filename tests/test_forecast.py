@@ -138,3 +138,34 @@ def test_costs_price_the_needed_samples_from_generation_stats(tmp_path: Path) ->
 def test_cli_refuses_without_runs_and_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["forecast", "--goal", "3.0"]) == 1
     assert "--run RUN_DIR" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_forecast_trains_nested_drafts_from_a_store_then_reads_the_same_runs_back(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_trainer import make_store
+
+    store = make_store(tiny_target, tmp_path / "store", n=40)
+    entries = json.loads((store / "index.json").read_text())["samples"] if (store / "index.json").exists() else None
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"draft_vocab_size": 512, "ttt_steps": 3, "global_batch_size": 2, "micro_batch_size": 2,
+                               "max_steps": 2, "log_every": 1, "device": "cpu"}))
+    out_json = tmp_path / "forecast.json"
+    torch.set_num_threads(1)
+    assert main(["forecast", "--store", str(store), "--target", str(tiny_target), "--fractions", "0.25,0.5,1",
+                 "--config", str(cfg), "--out", str(tmp_path / "runs"), "--goal", "3.0", "--verify-cost", "2.3",
+                 "--json", str(out_json)]) == 0
+    trained = json.loads(out_json.read_text())
+    (cat,) = trained["categories"]
+    sizes = [p["samples"] for p in cat["points"]]
+    assert cat["category"] == "chat" and len(sizes) == 3 and sizes[0] < sizes[1] < sizes[2]
+    assert trained["break_even"] == [{"acceptance": 2.3, "source": "--verify-cost"}]
+    shown = capsys.readouterr().out
+    assert "break-even acceptance 2.30" in shown and "chat:" in shown
+    # the pool itself is never written to: the subsets are views
+    assert entries is None or json.loads((store / "index.json").read_text())["samples"] == entries
+    runs = sorted((tmp_path / "runs").glob("run-*"))
+    assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--goal", "3.0", "--json", str(out_json)]) == 0
+    again = json.loads(out_json.read_text())["categories"][0]
+    assert sorted((p["samples"], p["acceptance"]) for p in again["points"]) == sorted(
+        (p["samples"], p["acceptance"]) for p in cat["points"])

@@ -63,7 +63,8 @@ def forecast_command(
             raise ConfigError("--store needs --target (the drafts are trained against it)")
         from training.train_config import load_run_config
 
-        base = load_run_config(config).to_dict() if config else {}
+        # train_nested sets each subset's data and out; these only satisfy the config's own check
+        base = load_run_config(config, {"data": str(store), "target": str(target), "out": str(out)}).to_dict() if config else {}
         for r in fc.train_nested(store, target, out, _fractions(fractions), base, eval_store=eval_store, seed=seed,
                                  on_run=lambda r: console.print(f"fraction {r.fraction:g}: {sum(r.counts.values()):,} samples, "
                                                                 f"acceptance {json.dumps({c: round(v, 3) for c, v in r.acceptance.items()})}")):
