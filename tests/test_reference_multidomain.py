@@ -68,7 +68,7 @@ def test_traffic_weighting_and_the_data_efficiency_ratio() -> None:
     assert weighted({"code": 2.0}, {"code": 0.5, "agentic": 0.5}) == pytest.approx(2.0)
     rows = {"generic-2": {"measured_weighted": 2.0}, "generic-8": {"measured_weighted": 2.2},
             "matched-2": {"measured_weighted": 2.3}}
-    out = findings(rows, 2, 8, {})
+    out = findings(rows, 2, 8)
     # the generic curve gains 0.2 per 4x: 2.3 needs 4 ** 1.5 = 8x the small size
     assert out["data_efficiency"]["ratio"] == pytest.approx(8.0, rel=1e-3)
     assert out["matched_small_vs_generic_large"] == pytest.approx(0.1)
@@ -92,4 +92,7 @@ def test_reference_multidomain_runs_at_toy_size(tmp_path: Path) -> None:
     mixes = results["mixes"]
     assert mixes["generic-48"]["match"] is None and mixes["matched-48"]["match"]["method"].startswith("dsir")
     assert mixes["quotas-only-24"]["match"]["method"].startswith("uniform")
-    assert results["forecast"]["from_drafts"][0] == "matched-24" and "findings" in results
+    assert results["forecast"]["measured"]["from_drafts"][0] == "matched-24"
+    assert set(results["findings"]) == {"measured", "simulated"}
+    again = tmp_path / "again.json"
+    assert main(["--findings-from", str(out)]) == 0

@@ -60,6 +60,7 @@ from training.toy_target import train_tokenizer  # noqa: E402
 from training.train_config import TrainConfig  # noqa: E402
 from training.trainer import train  # noqa: E402
 
+FIGURES = ("measured", "simulated")  # curator eval's speculative decoding; the simulated estimate beside it
 TRAFFIC_MIX = {"python": 0.55, "tools": 0.25, "arithmetic": 0.10, "prose": 0.10}
 
 
@@ -258,8 +259,8 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         last_s[0] = time.perf_counter() - t_draft
         print(json.dumps({tag: row}), flush=True)
         # recomputed after every draft: a run cut short keeps every comparison it can make
-        results["forecast"] = forecast_check(draft_rows, small, large, args, shares)
-        results["findings"] = findings(draft_rows, small, large, shares)
+        results["forecast"] = {k: forecast_check(draft_rows, small, large, args.ttt_steps, shares, k) for k in FIGURES}
+        results["findings"] = {k: findings(draft_rows, small, large, k) for k in FIGURES}
         results["stages_s"] = timer.stages
         save(results)
 
@@ -285,26 +286,26 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def forecast_check(rows: dict[str, Any], small: int, large: int, args: argparse.Namespace,
-                   shares: dict[str, float]) -> dict[str, Any]:
+def forecast_check(rows: dict[str, Any], small: int, large: int, steps: int, shares: dict[str, float],
+                   figure: str = "measured") -> dict[str, Any]:
     """Return the forecast made from the drafts of at most `small` samples, for the matched `large`
-    draft's category counts, beside that draft's measured acceptance."""
+    draft's category counts, beside that draft's acceptance (`figure`: measured or simulated)."""
     tags = [t for t in rows if t.startswith(f"matched-{small}")]
-    pts = fc.points_by_category([(rows[t]["category_samples"], rows[t]["measured"]) for t in tags])
+    pts = fc.points_by_category([(rows[t]["category_samples"], rows[t][figure]) for t in tags])
     big = rows.get(f"matched-{large}")
     out: dict[str, Any] = {"from_drafts": tags, "categories": {}}
     if big is None:
         return out
     preds, draws = {}, {}
     for cat, points in sorted(pts.items()):
-        fitted, best = fc.best_fit(points, args.ttt_steps)
+        fitted, best = fc.best_fit(points, steps)
         n = big["category_samples"].get(cat)
         if best is None or not n:
             continue
         sample = best.predict_draws(n, seed=1)
         preds[cat], draws[cat] = best.predict(n), sample
         lo, hi = (float(v) for v in _percentiles(sample))
-        got = big["measured"].get(cat)
+        got = big[figure].get(cat)
         out["categories"][cat] = {
             "points": [[p.samples, p.acceptance] for p in points], "law": best.law,
             "rmse": {k: round(f.rmse, 4) for k, f in fitted.items()}, "samples": n,
@@ -317,7 +318,7 @@ def forecast_check(rows: dict[str, Any], small: int, large: int, args: argparse.
         total = sum(shares[c] for c in common)
         mix = sum(draws[c] * shares[c] for c in common) / total
         lo, hi = _percentiles(mix)
-        got = big["measured_weighted"]
+        got = big[f"{figure}_weighted"]
         out["weighted"] = {"predicted": round(w_pred, 4), "band": [round(float(lo), 4), round(float(hi), 4)],
                            "measured": got, "error": None if got is None else round(w_pred / got - 1, 4),
                            "within_5_percent": None if got is None else abs(w_pred / got - 1) <= 0.05}
@@ -331,11 +332,11 @@ def _percentiles(values: Any) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def findings(rows: dict[str, Any], small: int, large: int, shares: dict[str, float]) -> dict[str, Any]:
+def findings(rows: dict[str, Any], small: int, large: int, figure: str = "measured") -> dict[str, Any]:
     """Return the comparisons the issue asks for: matched small vs generic large, the data-efficiency
     ratio read off the generic curve (log-linear through its two sizes), and the ablation."""
     def wm(tag: str) -> float | None:
-        return rows.get(tag, {}).get("measured_weighted")
+        return rows.get(tag, {}).get(f"{figure}_weighted")
 
     out: dict[str, Any] = {}
     m_small, g_small, g_large = wm(f"matched-{small}"), wm(f"generic-{small}"), wm(f"generic-{large}")
@@ -385,6 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-per-category", type=int, default=6)
     p.add_argument("--eval-new-tokens", type=int, default=40)
+    p.add_argument("--findings-from", default=None, help="print the forecast check and findings of a saved run's JSON")
     p.add_argument("--stop-after-s", type=float, default=None,
                    help="start no draft that the last one's time says would end past this many seconds")
     p.add_argument("--build-workers", type=int, default=6,
@@ -405,6 +407,14 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     args = parse_args(argv)
+    if args.findings_from:
+        # the comparisons again from a finished run's JSON, with this code (no GPU, nothing rerun)
+        saved = json.loads(Path(args.findings_from).read_text(encoding="utf-8"))
+        small, large = saved["settings"]["sizes"]
+        steps, shares, rows = saved["settings"]["ttt_steps"], saved["profile"]["shares"], saved["drafts"]
+        print(json.dumps({"forecast": {k: forecast_check(rows, small, large, steps, shares, k) for k in FIGURES},
+                          "findings": {k: findings(rows, small, large, k) for k in FIGURES}}, indent=1))
+        return 0
     t0 = time.perf_counter()
     env = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

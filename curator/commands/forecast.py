@@ -65,6 +65,12 @@ def forecast_command(
 
         # train_nested sets each subset's data and out; these only satisfy the config's own check
         base = load_run_config(config, {"data": str(store), "target": str(target), "out": str(out)}).to_dict() if config else {}
+        if base.get("max_steps"):
+            # measured on the multi-domain reference (bench/RESULTS.md, issue 27): at equal steps the
+            # curve bends where steps, not samples, limit the draft, and the forecast overshoots past it
+            console.print(f"[yellow]note:[/] every draft trains max_steps={base['max_steps']}: the larger subsets see "
+                          "fewer epochs, so the fitted curve is the one at this compute; train the real draft the same "
+                          "way or set epochs instead", highlight=False)
         for r in fc.train_nested(store, target, out, _fractions(fractions), base, eval_store=eval_store, seed=seed,
                                  on_run=lambda r: console.print(f"fraction {r.fraction:g}: {sum(r.counts.values()):,} samples, "
                                                                 f"acceptance {json.dumps({c: round(v, 3) for c, v in r.acceptance.items()})}")):
