@@ -44,7 +44,7 @@ from training.draft import Eagle3Draft, KVCache
 from training.errors import ModelMismatchError, TrainingError
 from training.batches import split_eval
 from training.objective import offline_metrics
-from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens, simulate_acceptance
+from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens, simulate_acceptance, traffic_weighted
 from training.store import HiddenStateStore
 from training.target_head import TargetHead
 
@@ -384,6 +384,7 @@ class EvalReport:
     ties: int = 0
     offline: dict[str, Any] | None = None
     sampling: Sampling | None = None  # None: greedy verification, every output checked against greedy
+    traffic: dict[str, Any] | None = None  # acceptance weighted by a traffic profile's shares (traffic_weighted)
 
     def skip(self, reason: str) -> None:
         """Count a prompt left out, by reason."""
@@ -400,6 +401,7 @@ class EvalReport:
             "sampling": asdict(self.sampling) if self.sampling is not None else None,
             "timing_s": {"speculative": self.spec_s, "draft": self.draft_s, "greedy": self.greedy_s},
             "offline_estimate": self.offline,
+            "traffic_weighted": self.traffic,
             "per_prompt": [asdict(p) for p in self.prompts],
         })
 
@@ -653,10 +655,12 @@ def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
 def offline_estimate(
     draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, split: HeldOutSplit, *,
     steps: int, topk: int = 1, num_draft_tokens: int | None = None, max_samples: int | None = 512,
-    max_new_tokens: int | None = None,
+    max_new_tokens: int | None = None, traffic_shares: dict[str, float] | None = None,
+    traffic_groups: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Return both offline estimates on the store's held-out samples (as the checkpoint split them):
-    the simulated decoding (`simulated`, the figure to trust) and the teacher-forced acc/cond_acc."""
+    the simulated decoding (`simulated`, the figure to trust) and the teacher-forced acc/cond_acc;
+    with `traffic_shares`, the simulated figure weighted by them too (`traffic_weighted`)."""
 
     store = HiddenStateStore.open(store_path)
     if not store.meta.has_final:
@@ -675,8 +679,11 @@ def offline_estimate(
     sim = simulate_acceptance(draft, store, held, steps=steps, topk=topk, num_draft_tokens=num_draft_tokens,
                               target_head=head, max_new_tokens=max_new_tokens)
     teacher = offline_metrics(draft, store, held, steps, head)
-    return {"samples": len(held), "split": how, "checkpoint": split.checkpoint,
-            "acceptance_length": sim.acceptance_length, "simulated": sim.to_json(), "teacher_forced": teacher}
+    out = {"samples": len(held), "split": how, "checkpoint": split.checkpoint,
+           "acceptance_length": sim.acceptance_length, "simulated": sim.to_json(), "teacher_forced": teacher}
+    if traffic_shares is not None:
+        out["traffic_weighted"] = traffic_weighted(sim.categories, traffic_shares, traffic_groups)
+    return out
 
 
 def _compare(prompt_id: str, spec: list[int], greedy: GreedyResult, tie_margin: float) -> str:

@@ -92,6 +92,38 @@ class AcceptanceStats:
                 "per_position": self.position_rates()}
 
 
+def traffic_weighted(categories: dict[str, AcceptanceStats], shares: dict[str, float],
+                     groups: dict[str, str] | None = None) -> dict[str, Any]:
+    """Return acceptance per traffic category and the traffic-weighted acceptance length.
+
+    `shares` are the traffic's category shares (a traffic profile's, as a plain dict); `groups`
+    maps the report's category names to traffic categories (a name it lacks stands for itself),
+    so that e.g. "coding" and "debugging" prompts both count for "code". The weights are the shares
+    renormalised over the traffic categories that have measured forwards: `missing` names those with
+    a share but nothing measured, `unweighted` the report's categories that are no traffic category.
+    """
+    groups = groups or {}
+    merged: dict[str, AcceptanceStats] = {}
+    unweighted = []
+    for name, stats in sorted(categories.items()):
+        cat = groups.get(name, name)
+        if cat not in shares:
+            unweighted.append(name)
+            continue
+        merged.setdefault(cat, AcceptanceStats(stats.steps)).add(stats.accepted)
+    present = {c: s for c, s in shares.items() if s > 0 and c in merged and merged[c].forwards}
+    total = sum(present.values())
+    per_category = {
+        c: {"share": s, "weight": present[c] / total if c in present else 0.0,
+            "forwards": merged[c].forwards if c in merged else 0,
+            "acceptance_length": merged[c].acceptance_length if c in merged else float("nan")}
+        for c, s in shares.items()
+    }
+    weighted = sum(present[c] / total * merged[c].acceptance_length for c in present) if total else float("nan")
+    return {"acceptance_length": weighted, "categories": per_category,
+            "missing": [c for c, s in shares.items() if s > 0 and c not in present], "unweighted": unweighted}
+
+
 # -- the draft tree, as SGLang builds it --------------------------------------------------------
 
 

@@ -32,13 +32,16 @@ def eval_command(
     top_p: Annotated[float, typer.Option("--top-p", help="Top-p of the sampled verification (with --temperature).")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Top-k of the sampled verification, 0 for off (with --temperature).")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled verification: each prompt draws from its own generator.")] = 0,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Traffic profile (curator profile): adds acceptance per traffic category and weighted by the traffic's shares.")] = None,
 ) -> int:
     """Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled)."""
     import torch
 
+    from curator.traffic.weighting import eval_weights
     from training.evaluate import (DraftProposer, Sampling, evaluate, held_out_split, load_prompt_file, load_target,
                                    offline_estimate, spread_by_category)
     from training.export import load_draft
+    from training.simulate import traffic_weighted
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -55,6 +58,7 @@ def eval_command(
     if topk > 1 and num_draft_tokens is None:
         raise ConfigError("--topk > 1 needs --num-draft-tokens: give the server's --speculative-num-draft-tokens")
     split = held_out_split(draft) if data is not None else None  # refuse before the long decoding
+    weights = eval_weights(profile) if profile is not None else None
     from curator.mix.prompts import mix_prompts  # reads the mix package (datasketch, scipy): only a run pays
 
     all_prompts, malformed = mix_prompts(prompts) if prompts.is_dir() else load_prompt_file(prompts)
@@ -72,13 +76,20 @@ def eval_command(
                           on_prompt=lambda _: bar.advance(task))
     if malformed:
         report.skipped["malformed rows"] = malformed
+    if weights is not None:
+        report.traffic = traffic_weighted(report.categories, weights.shares, weights.groups)
     if data is not None and split is not None:
         with console.status("offline estimates on held-out hidden states"):
             report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
-                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens)
+                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
+                                              traffic_shares=weights.shares if weights else None,
+                                              traffic_groups=weights.groups if weights else None)
     render_eval(report, time.perf_counter() - start)
+    if weights is not None:
+        render_traffic(report, weights.source)
     if json_out is not None:
-        write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **report.to_json()})
+        extra = {"profile": str(profile)} if profile is not None else {}
+        write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **extra, **report.to_json()})
         console.print(f"report written to {json_out}")
     return 0
 
@@ -137,6 +148,31 @@ def render_eval(report: Any, wall_s: float) -> None:
                               "simulated (1..k)", "teacher-forced (1..k)"], position_rows, title="acceptance per position"))
     console.print(rows_table(["category", "forwards", "measured", "simulated", "simulated forwards"],
                              category_rows(report), title="acceptance length per category"))
+
+
+def render_traffic(report: Any, source: str) -> None:
+    """Print acceptance per traffic category and weighted by the profile's shares, measured and simulated."""
+    from training.evaluate import finite
+
+    measured = report.traffic or {}
+    simulated = (report.offline or {}).get("traffic_weighted") or {}
+    rows = []
+    for cat, m in measured["categories"].items():
+        s = (simulated.get("categories") or {}).get(cat) or {}
+        rows.append([cat, m["share"], m["weight"], m["forwards"], finite(m["acceptance_length"]),
+                     s.get("weight") if s else None, finite(s.get("acceptance_length")) if s else None])
+    rows.append(["weighted", None, 1.0, sum(r[3] for r in rows), finite(measured["acceptance_length"]),
+                 1.0 if simulated else None, finite(simulated.get("acceptance_length")) if simulated else None])
+    console.print(rows_table(["traffic", "share", "weight", "forwards", "measured", "sim weight", "simulated"], rows,
+                             title=f"acceptance length on the traffic (profile {source})"))
+    for label, part in (("measured", measured), ("simulated", simulated)):
+        if part.get("missing"):
+            what = "prompts" if label == "measured" else "held-out samples"
+            console.print(f"[yellow]{label}: no {what} for {escape(', '.join(part['missing']))}; "
+                          "weights renormalised over the rest[/]")
+        if part.get("unweighted"):
+            console.print(f"[yellow]{label}: {escape(', '.join(part['unweighted']))}: no traffic category, "
+                          "not weighted[/]")
 
 
 def category_rows(report: Any) -> list[list[Any]]:

@@ -21,6 +21,7 @@ from curator.scout.agent import AgentBudget
 from curator.scout.briefs import Brief, categories, load_briefs, take
 from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
 from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
+from curator.scout.traffic import TrafficShares, take_for_traffic
 from curator.ui import console, rows_table, summary_table
 
 # Hub calls of huggingface_hub are blocking and run in threads; ten agents need more than the
@@ -63,12 +64,18 @@ def scout(
         DEFAULT_RETRY.max_attempts, "--max-attempts", min=1,
         help="Tries per model call, the first included, before the agent fails.",
     ),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="Traffic profile (curator profile): agents and quotas follow its category shares.",
+    ),
 ) -> None:
     """Run research agents on the Hub, record their finds in the catalog and propose a recipe."""
     all_briefs = load_briefs(agents_dir)
+    traffic = TrafficShares.load(profile) if profile is not None else None
     chosen = take(all_briefs, agents)
     if agents is not None and agents > len(all_briefs):
         raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
+    if traffic is not None:
+        chosen = _take_for_traffic(all_briefs, agents, traffic)
     # the model client first: a missing key should fail before anything touches the Hub or catalog
     retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
     client: LLMClient | None = (
@@ -87,7 +94,7 @@ def scout(
         _print_summary(run, None)
         console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {escape(str(cat.path))}")
         raise typer.Exit(130) from None
-    recipe = _propose(cat, run, all_briefs, goal, target_samples, recipe_out)
+    recipe = _propose(cat, run, all_briefs, goal, target_samples, recipe_out, traffic)
     _print_summary(run, recipe)
     if run.status == "failed":
         first = next((p.error for p in run.failed if p.error), "unknown error")
@@ -115,12 +122,24 @@ def _recorded(run: ScoutRun) -> int:
     return sum(p.candidates for p in run.progress)
 
 
-def _propose(cat: Catalog, run: ScoutRun, briefs: list[Brief], goal: str, target: int, out: Optional[Path]) -> Path | None:
+def _take_for_traffic(briefs: list[Brief], agents: Optional[int], traffic: TrafficShares) -> list[Brief]:
+    chosen, counts, notes = take_for_traffic(briefs, agents, traffic)
+    split = ", ".join(f"{c} {n}" for c, n in counts.items())
+    console.print(f"agents by traffic ({escape(traffic.source)}): {escape(split)}", highlight=False)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    return chosen
+
+
+def _propose(cat: Catalog, run: ScoutRun, briefs: list[Brief], goal: str, target: int, out: Optional[Path],
+             traffic: TrafficShares | None = None) -> Path | None:
     merged = merge_candidates(cat, run.run_id)
     if not merged:
         console.print("[yellow]no candidates recorded; no recipe proposed[/]")
         return None
-    proposal = propose_mix(merged, briefs, goal, target, run_id=run.run_id)
+    proposal = propose_mix(merged, briefs, goal, target, run_id=run.run_id, traffic=traffic)
+    for note in proposal.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     path = write_proposal(proposal, out)
     console.print(
         rows_table(

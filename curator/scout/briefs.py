@@ -5,6 +5,7 @@
     title: Agentic and tool-use trajectories
     category: agentic                 # what record_candidate files its finds under
     weight: 0.23                      # share of the proposed mix before goal weighting
+    traffic: agentic                  # the traffic category it serves (scout --profile); optional
     seed_queries: [swe-agent, trajectories]
     keywords: [agent, trajectory, tool]   # words that mark a good find (rules planner score)
     good_find: >
@@ -22,11 +23,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from curator.errors import ConfigError
+from curator.traffic.schema import CATEGORIES
 
 AGENTS_DIR_ENV = "CURATOR_AGENTS_DIR"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)(.*)\Z", re.S)
@@ -41,6 +44,7 @@ class BriefSpec(BaseModel):
     title: str = Field(min_length=1, max_length=200)
     category: str = Field(pattern=_SLUG, max_length=64)
     weight: float = Field(0.1, ge=0.0, le=1.0)
+    traffic: Optional[str] = None
     seed_queries: list[str] = Field(min_length=1)
     keywords: list[str] = Field(default_factory=list)
     good_find: str = Field(min_length=1)
@@ -50,6 +54,13 @@ class BriefSpec(BaseModel):
     @classmethod
     def _listify(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("traffic")
+    @classmethod
+    def _known_traffic(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in CATEGORIES:
+            raise ValueError(f"must be one of {', '.join(CATEGORIES)} (the traffic profile's categories)")
+        return value
 
     @field_validator("seed_queries")
     @classmethod
@@ -72,6 +83,7 @@ class Brief:
     keywords: list[str]
     good_find: str
     avoid: list[str] = field(default_factory=list)
+    traffic: str | None = None  # the traffic profile category it serves (curator.traffic.schema.CATEGORIES)
     body: str = ""
     path: Path | None = None
 

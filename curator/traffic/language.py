@@ -29,19 +29,24 @@ _STOPWORDS = {
     "pt": "de os um uma para com não em do da no na por como mais você está são ao também isso",
     "it": "la un il di che è per non con della sono mi come ma ho gli anche perché questo",
 }
-_SETS = {lang: frozenset(words.split()) for lang, words in _STOPWORDS.items()}
+_LANGS_OF: dict[str, tuple[str, ...]] = {}
+for _lang, _words in _STOPWORDS.items():
+    for _w in _words.split():
+        _LANGS_OF[_w] = (*_LANGS_OF.get(_w, ()), _lang)
+_LETTER = re.compile(r"[^\W\d_]")
+_NON_LATIN_LETTER = re.compile(r"[^\W\d_\x00-\u024f]")
 
 
 def is_english(text: str) -> bool:
     """Return whether the text reads as English (see the module's heuristic)."""
-    text = _FENCED.sub(" ", text)[:_SAMPLE_CHARS]
-    letters = [c for c in text if c.isalpha()]
-    if not letters:
-        return True
-    non_latin = sum(1 for c in letters if ord(c) > 0x24F)
-    if non_latin > _NON_LATIN_SHARE * len(letters):
-        return False
-    words = [w.lower() for w in _WORD.findall(text)]
-    counts = {lang: sum(1 for w in words if w in stop) for lang, stop in _SETS.items()}
+    text = _FENCED.sub(" ", text)[:_SAMPLE_CHARS] if "```" in text else text[:_SAMPLE_CHARS]
+    if not text.isascii():
+        non_latin = len(_NON_LATIN_LETTER.findall(text))
+        if non_latin and non_latin > _NON_LATIN_SHARE * len(_LETTER.findall(text)):
+            return False
+    counts = dict.fromkeys(_STOPWORDS, 0)
+    for word in _WORD.findall(text.lower()):
+        for lang in _LANGS_OF.get(word, ()):
+            counts[lang] += 1
     english = counts.pop("en")
     return english >= max(counts.values())
