@@ -43,6 +43,7 @@ from curator.mix.sample import row_key, walk
 from curator.mix.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, importance_keys, survey
 from curator.traffic.schema import CATEGORIES, Profile, load_profile
+from training.diskspace import named_disk_full
 from training.text import is_valid_unicode
 
 _MAX_REASONS = 20
@@ -142,10 +143,12 @@ class MixProgress(Protocol):
     def source_done(self, report: SourceReport) -> None: ...
 
 
-def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[[int, object], Examined]:
+def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[..., Examined]:
+    """Return examine(index, row, light=False): the row normalised and checked. A light look (the
+    survey's) only normalises: a row it passes that a full look drops is dropped when walked."""
     normalise = None
 
-    def examine(index: int, row: object) -> Examined:
+    def examine(index: int, row: object, light: bool = False) -> Examined:
         nonlocal normalise
         if isinstance(row, BrokenRow):
             return Examined(None, "malformed", row.reason)
@@ -153,11 +156,13 @@ def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int
             report.format = resolve_format(spec.format, row.keys(), where)  # type: ignore[union-attr]
             report.turns = spec.turns or default_turns(report.format)
             normalise = NORMALISERS[report.format]
-        own_id = source_id(row)  # type: ignore[arg-type]
         try:
             prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)  # type: ignore[arg-type]
         except MalformedRow as exc:
             return Examined(None, "malformed", str(exc))
+        if light:
+            return Examined(prompt)
+        own_id = source_id(row)  # type: ignore[arg-type]
         if not all(is_valid_unicode(content) for _, content in prompt):
             return Examined(None, "malformed", "text is not valid Unicode (lone surrogate)")
         reason = filters.cheap_filter(prompt, max_chars)
@@ -358,7 +363,7 @@ def build_mix(
     `allow_outside_paths`: let a recipe file's `path:` sources read outside its folder (the caller's
     permission, never the recipe's).
     """
-    out = Path(out_dir)
+    out = publish.real_out(out_dir)
     max_tokens = max_prompt_tokens if max_prompt_tokens is not None else recipe.filters.max_prompt_tokens
     if max_tokens is not None and tokenizer is None:
         raise ConfigError("max_prompt_tokens needs the target's tokenizer (build-mix --tokenizer PATH)")
@@ -380,7 +385,8 @@ def build_mix(
         publish.check_out(out, is_mix=(out / MANIFEST).exists() or (out / LEGACY_MANIFEST).exists())
         stage = publish.staging_dir(out)
         try:
-            manifest = _build(ctx, stage, licenses, profile, match)
+            with named_disk_full(out):  # the manifest's and the held-out split's writes too
+                manifest = _build(ctx, stage, out, licenses, profile, match)
             publish.swap_in(stage, out)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
@@ -399,6 +405,7 @@ def recipe_categories(recipe: Recipe) -> set[str]:
 def _build(
     ctx: _Context,
     stage: Path,
+    out: Path,
     licenses: Mapping[str, str | None] | None,
     profile: Profile | None,
     match: str | Path | None,
@@ -412,7 +419,7 @@ def _build(
         if progress is not None:
             progress.source_started(run.name, run.spec.samples)
         run.prepare()
-    heldout = next((_write_heldout(run, stage, ctx) for run in runs if run.report.heldout), None)
+    heldout = next((_write_heldout(run, stage, out, ctx) for run in runs if run.report.heldout), None)
     cells = [(run.idx, cat, n) for run in runs for cat, n in run.recipe_cells().items()]
     matched: MatchPlan | None = None
     if profile is not None:
@@ -422,7 +429,7 @@ def _build(
     else:
         for idx, cat, n in cells:
             runs[idx].report.quotas[cat] = n
-    writer = MixWriter(stage, recipe.rows_per_part)
+    writer = MixWriter(stage, recipe.rows_per_part, named=out)
 
     def write(run: _SourceRun, rows: list[tuple[int, Examined]]) -> None:
         for index, ex in rows:
@@ -468,9 +475,9 @@ def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRu
             return
 
 
-def _write_heldout(run: _SourceRun, stage: Path, ctx: _Context) -> dict[str, Any]:
+def _write_heldout(run: _SourceRun, stage: Path, out: Path, ctx: _Context) -> dict[str, Any]:
     """Write the traffic's held-out rows as a mix of their own (stage/.heldout) and keep them out of this one."""
-    writer = MixWriter(stage / publish.HELDOUT_DIR, ctx.recipe.rows_per_part)
+    writer = MixWriter(stage / publish.HELDOUT_DIR, ctx.recipe.rows_per_part, named=out / publish.HELDOUT_DIR)
     texts: list[str] = []
     rows = 0
     for index, ex in run.heldout_rows():

@@ -15,6 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from curator.errors import ConfigError
 from curator.mix.dedup import Deduper, Match
 from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, resolve_format
 from curator.mix.readers import BrokenRow, open_source
@@ -107,6 +108,10 @@ class Decontaminator:
         counts = {"malformed": 0}
         report = self.add(spec.label(), _prompts(rows, spec, counts))
         report.malformed = counts["malformed"]
+        if not report.prompts:
+            what = f"field {spec.field!r} (text, or a list of texts)" if spec.field else "a user turn"
+            raise ConfigError(f"decontaminate {spec.label()!r}: no prompt read ({report.malformed:,} rows without {what}); "
+                              "a set that keeps nothing out is a mistake: fix `field:`/`format:` or remove it")
         return report
 
 
@@ -120,6 +125,8 @@ def _prompts(rows: Iterable[Any], spec: DecontamSpec, counts: dict[str, int]) ->
             value = row.get(spec.field)
             if isinstance(value, str):
                 yield value
+            elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                yield from value  # a multi-turn benchmark's turns (MT-Bench's `prompt`)
             else:
                 counts["malformed"] += 1
             continue

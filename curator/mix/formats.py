@@ -105,9 +105,13 @@ ID_FIELDS = ("id", "_id", "uuid", "conversation_id", "request_id", "sample_id", 
 _MAX_ID_CHARS = 200
 
 
+_ID_SET = frozenset(ID_FIELDS)
+
+
 def source_id(row: Mapping[str, Any]) -> str | None:
     """Return the row's own id (the first of ID_FIELDS that holds a string or an integer), or None."""
-    for key in ID_FIELDS:
+    present = _ID_SET.intersection(row.keys())
+    for key in ID_FIELDS if len(present) > 1 else present:
         value = row.get(key)
         if isinstance(value, str) and value:
             return value[:_MAX_ID_CHARS]

@@ -38,6 +38,12 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+def real_out(out_dir: str | Path) -> Path:
+    """Return the folder a build replaces: `out_dir`, or the folder it links to (the link is kept)."""
+    out = Path(out_dir)
+    return out.resolve() if out.is_symlink() else out
+
+
 def mix_lock(out_dir: str | Path) -> OutputLock:
     """Return the (unacquired) lock that makes one build at a time the writer of a mix folder."""
     out = Path(out_dir).absolute()
@@ -77,8 +83,8 @@ def check_out(out_dir: str | Path, is_mix: bool) -> None:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
-    if out.is_symlink():
-        raise ConfigError(f"--out {out} is a symbolic link; give the folder it points to")
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise ConfigError(f"--out {out} holds the current folder, which a build would replace; run from elsewhere")
     foreign = foreign_entries(out)
     if not foreign:
         return

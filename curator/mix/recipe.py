@@ -104,8 +104,9 @@ class SourceSpec(_Location):
 class DecontamSpec(_Location):
     """Prompts that must never enter the mix (a benchmark, an eval set): exactly or nearly.
 
-    `field` names a plain text column (`{path: evalset.jsonl, field: prompt}`); without it each row is
-    read as a conversation in `format` and its user turns are the prompts.
+    `field` names a text column (`{path: evalset.jsonl, field: prompt}`) or a column of lists of texts
+    (a multi-turn benchmark's turns); without it each row is read as a conversation in `format` and
+    its user turns are the prompts.
     """
 
     field: str | None = None

@@ -282,8 +282,9 @@ class MixWriter:
     """Writes a mix into a folder of its own (a build's staging folder, see curator/mix/publish.py):
     parts under temporary names, then `publish` (parts renamed, manifest last)."""
 
-    def __init__(self, out_dir: str | Path, rows_per_part: int = 50_000) -> None:
+    def __init__(self, out_dir: str | Path, rows_per_part: int = 50_000, *, named: str | Path | None = None) -> None:
         self.out_dir = Path(out_dir)
+        self.named = Path(named) if named is not None else self.out_dir  # the folder errors name (the mix, not its staging)
         self.rows_per_part = rows_per_part
         self.buffer: list[tuple[str, str, str, Any, str, bool, str | None]] = []
         self.parts: list[_Part] = []
@@ -305,7 +306,7 @@ class MixWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.out_dir / f".part-{index:05d}.parquet{TMP_MARK}{os.getpid()}"
         try:
-            with named_disk_full(self.out_dir):
+            with named_disk_full(self.named):
                 pq.write_table(table, tmp, compression="zstd")
                 fsync_path(tmp)
         except BaseException:
@@ -346,13 +347,13 @@ def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> 
     """
     from curator.mix import publish  # the publishing rules are the build's; a reader needs none of them
 
-    out = Path(out_dir)
+    out = publish.real_out(out_dir)
     lock = publish.acquire(out)
     try:
         publish.remove_stale(out)
         publish.check_out(out, is_mix=(out / MANIFEST).exists())
         stage = publish.staging_dir(out)
-        writer = MixWriter(stage)
+        writer = MixWriter(stage, named=out)
         try:
             for table in tables:
                 writer.write_table(conform(table))

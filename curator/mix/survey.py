@@ -78,7 +78,7 @@ class Survey:
 
 def survey(
     rows: Iterator[object],
-    examine: Callable[[int, object], Examined],
+    examine: Callable[..., Examined],
     spec: SourceSpec,
     seed: int,
     buckets: int | None,
@@ -93,7 +93,7 @@ def survey(
     for index, row in enumerate(rows):
         if on_read is not None and index % 1000 == 999:
             on_read(index + 1)
-        ex = examine(index, row)
+        ex = examine(index, row, light=True)
         if ex.prompt is None:
             codes.append(UNUSABLE)
             convs.append(0)
