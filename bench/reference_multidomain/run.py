@@ -55,6 +55,7 @@ from curator.traffic.classify import classify  # noqa: E402
 from training import hidden_states  # noqa: E402
 from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
 from training.export import export_checkpoint, load_draft  # noqa: E402
+from training.simulate import traffic_weighted  # noqa: E402
 from training.store import HiddenStateStore  # noqa: E402
 from training.toy_target import train_tokenizer  # noqa: E402
 from training.train_config import TrainConfig  # noqa: E402
@@ -82,7 +83,9 @@ def request(domain: str, prompt: str) -> dict[str, Any]:
 
 def weighted(per_category: dict[str, float], shares: dict[str, float]) -> float | None:
     """Return the traffic-weighted acceptance: per-category figures weighted by the profile's shares
-    (renormalised over the categories measured)."""
+    (renormalised over the categories measured), the rule of `curator eval --profile`
+    (training.simulate.traffic_weighted), here on plain figures: the trainer's simulated
+    per-category acceptances and the forecast's predictions come as numbers, not decoding counts."""
     common = {c: s for c, s in shares.items() if c in per_category and s > 0}
     total = sum(common.values())
     return sum(per_category[c] * s for c, s in common.items()) / total if total else None
@@ -251,7 +254,8 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         sim = {c: round(v, 4) for c, v in (result.eval.get("sim_categories") or {}).items()}
         counts = dict(Counter(union_store.category(i) for i in ids))
         row = {"samples": len(ids), "category_samples": counts, "train_steps": result.step,
-               "measured": measured, "measured_weighted": _r(weighted(measured, shares)),
+               "measured": measured,
+               "measured_weighted": _r(traffic_weighted(report.categories, shares)["acceptance_length"]),
                "measured_overall": round(report.overall.acceptance_length, 4),
                "simulated": sim, "simulated_weighted": _r(weighted(sim, shares)),
                "eval_prompts": len(report.prompts), "greedy_ties": report.ties}
@@ -283,7 +287,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
 
 
 def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 4)
+    return None if v is None or not math.isfinite(v) else round(v, 4)
 
 
 def forecast_check(rows: dict[str, Any], small: int, large: int, steps: int, shares: dict[str, float],

@@ -23,8 +23,14 @@ def _fractions(text: str) -> list[float]:
 
 
 def _n(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
-        return "unbounded" if value is not None else "-"
+    """Return a sample count short enough for an 80-column table: 950, 12.3K, 1.19M."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return "unbounded"
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if value >= div:
+            return f"{value / div:.3g}{unit}"
     return f"{value:,.0f}"
 
 
@@ -94,20 +100,25 @@ def forecast_command(
 
 def render(result) -> None:  # type: ignore[no-untyped-def]
     """Print the per-category table (samples, band, cost) and the verdict lines."""
-    rows = []
+    rows, costs = [], []
     for c in result.categories:
         fit = c.fits.get(c.law) if c.law else None
-        cost = result.costs.get(c.category)
         lo, hi = c.band or (None, None)
-        rows.append([c.category, " ".join(f"{p.samples:,}:{p.acceptance:.2f}" for p in c.points),
-                     f"{fit.law} (rmse {fit.rmse:.3f})" if fit else "-", c.verdict,
-                     _n(c.needed), f"{_n(lo)} - {_n(hi)}" if c.band else "-",
-                     f"{cost.target_tokens / 1e6:,.1f}M" if cost else "-",
-                     f"{cost.gpu_hours:,.1f}" if cost and cost.gpu_hours is not None else "-",
-                     human_bytes(cost.disk_bytes) if cost and cost.disk_bytes is not None else "-"])
-    console.print(rows_table(["category", "samples:acceptance", "law", "verdict", f"samples for {result.goal:g}",
-                              "band (10-90%)", "target tokens", "GPU-hours", "disk"], rows,
-                             title=f"forecast: acceptance {result.goal:g} with a chain of {result.steps}"))
+        sizes = [p.samples for p in c.points]
+        rows.append([c.category, f"{len(sizes)}: {_n(min(sizes))}-{_n(max(sizes))}" if sizes else "-",
+                     f"{fit.law} {fit.rmse:.3f}" if fit else "-", _n(c.needed) if c.verdict != "too few runs" else "-",
+                     f"{_n(lo)}-{_n(hi)}" if c.band else "-"])
+        if (cost := result.costs.get(c.category)) is not None:
+            costs.append([c.category, _n(cost.samples), f"{cost.target_tokens / 1e6:,.1f}M",
+                          f"{cost.gpu_hours:,.1f}" if cost.gpu_hours is not None else "-",
+                          human_bytes(cost.disk_bytes) if cost.disk_bytes is not None else "-"])
+    console.print(rows_table(["category", "runs: samples", "law, rmse", f"samples for {result.goal:g}", "band 10-90%"],
+                             rows, title=f"forecast: acceptance {result.goal:g} with a chain of {result.steps}"))
+    if costs:
+        gen = result.generation
+        tps = f"{gen.output_tokens_per_s:,.0f} output tokens/s x {gen.gpus} GPU(s)" if gen and gen.output_tokens_per_s else "no throughput"
+        console.print(rows_table(["category", "samples", "target tokens", "GPU-hours", "disk"], costs,
+                                 title=f"cost, at {tps}"))
     for c in result.categories:
         stdout.print(f"{c.category}: {c.verdict}" + (f": {c.reason}" if c.reason else ""), highlight=False, markup=False)
     if result.generation is None:
