@@ -44,6 +44,7 @@ from curator.errors import ConfigError
 LAWS = ("log-linear", "saturating")
 MIN_SIZES = 3  # distinct sample counts a category needs before a line through them says anything
 MIN_T = 2.0  # slope / its standard error: under this the curve is flat within its noise
+MAX_FOLD = 100.0  # past this many times the largest run, a line through the runs gives no number
 BAND = (10, 90)  # percentiles of the samples-needed band
 DRAWS = 4000
 
@@ -161,7 +162,7 @@ class CategoryForecast:
     points: list[Point]
     fits: dict[str, Fit]
     law: str | None  # the law kept (smaller residual)
-    verdict: str  # "forecast" | "reached" | "too few runs" | "flat" | "unreachable"
+    verdict: str  # "forecast" | "reached" | "too few runs" | "flat" | "unreachable" | "beyond the data"
     reason: str
     needed: float | None = None
     band: tuple[float, float] | None = None
@@ -214,8 +215,14 @@ def forecast_category(category: str, points: Sequence[Point], goal: float, steps
     if needed is None:
         out.verdict, out.reason = "unreachable", f"the {best.law} law never reaches {goal:g}"
         return out
-    out.needed, out.band = needed, best.band(goal, seed)
     far = needed / max(out.have, 1)
+    if far > MAX_FOLD:
+        out.verdict = "beyond the data"
+        out.reason = (f"the {best.law} line reaches {goal:g} only near {needed:.1e} samples, {far:,.0f}x the largest "
+                      f"run; no line through these runs says anything that far (limit {MAX_FOLD:g}x): more of this "
+                      "data alone is not the way to the goal")
+        return out
+    out.needed, out.band = needed, best.band(goal, seed)
     out.reason = f"{best.law} law, {far:,.0f}x the largest run" + ("; far past the data, read as an order of magnitude"
                                                                    if far > 30 else "")
     return out

@@ -55,6 +55,14 @@ def test_flat_curve_is_called_flat_instead_of_extrapolated() -> None:
     assert out.verdict == "flat" and out.needed is None and "not the lever" in out.reason
 
 
+def test_a_goal_hundreds_of_times_past_the_largest_run_gets_no_number() -> None:
+    # 1.40 -> 1.54 over 250-2,000 samples: 3.0 lies ~1e11 samples out on that line
+    pts = [fc.Point(n, 1.26 + 0.068 * math.log(n / 137) + w) for n, w in zip([137, 273, 546, 1093], (0.004, -0.003, 0.002, 0))]
+    out = fc.forecast_category("code", pts, goal=3.0, steps=4)
+    assert out.verdict == "beyond the data" and out.needed is None and out.band is None
+    assert "more of this data alone" in out.reason
+
+
 def test_goal_past_the_chain_ceiling_or_already_reached() -> None:
     assert fc.forecast_category("a", loglinear([250, 500, 1000]), goal=5.0, steps=4).verdict == "unreachable"
     reached = fc.forecast_category("a", loglinear([250, 500, 1000]), goal=2.2, steps=4)

@@ -329,6 +329,21 @@ def forecast_check(rows: dict[str, Any], small: int, large: int, steps: int, sha
     return out
 
 
+def goal_forecast(saved: dict[str, Any], goal: float, figure: str) -> dict[str, Any]:
+    """Return `curator forecast`'s answer for `goal` from a saved run's matched drafts, priced at the
+    run's own generation figures (tokens per sample, output tokens/s) and the target's bytes per token."""
+    from training.store import bytes_per_token
+
+    rows, s = saved["drafts"], saved["settings"]
+    pts = fc.points_by_category([(r["category_samples"], r[figure]) for t, r in rows.items() if t.startswith("matched-")])
+    g = saved["generate"]["union"]
+    gen = fc.GenerationCost({c: g["capture_tokens"] / g["samples"] for c in pts},
+                            {c: g["output_tokens"] / g["samples"] for c in pts}, g["output_tokens_per_s"], 1,
+                            "the run's union generation")
+    return fc.make_forecast(pts, goal, s["ttt_steps"], generation=gen,
+                            bytes_per_token=bytes_per_token(s["hidden"], 3, "bf16", True)).to_json()
+
+
 def _percentiles(values: Any) -> tuple[float, float]:
     import numpy as np
 
@@ -391,6 +406,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-per-category", type=int, default=6)
     p.add_argument("--eval-new-tokens", type=int, default=40)
     p.add_argument("--findings-from", default=None, help="print the forecast check and findings of a saved run's JSON")
+    p.add_argument("--goal", type=float, default=3.0, help="with --findings-from: the goal the forecast is asked for")
     p.add_argument("--stop-after-s", type=float, default=None,
                    help="start no draft that the last one's time says would end past this many seconds")
     p.add_argument("--build-workers", type=int, default=6,
@@ -417,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         small, large = saved["settings"]["sizes"]
         steps, shares, rows = saved["settings"]["ttt_steps"], saved["profile"]["shares"], saved["drafts"]
         print(json.dumps({"forecast": {k: forecast_check(rows, small, large, steps, shares, k) for k in FIGURES},
-                          "findings": {k: findings(rows, small, large, k) for k in FIGURES}}, indent=1))
+                          "findings": {k: findings(rows, small, large, k) for k in FIGURES},
+                          "goal": {k: goal_forecast(saved, args.goal, k) for k in FIGURES}}, indent=1))
         return 0
     t0 = time.perf_counter()
     env = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
