@@ -94,5 +94,12 @@ def test_reference_multidomain_runs_at_toy_size(tmp_path: Path) -> None:
     assert mixes["quotas-only-24"]["match"]["method"].startswith("uniform")
     assert results["forecast"]["measured"]["from_drafts"][0] == "matched-24"
     assert set(results["findings"]) == {"measured", "simulated"}
-    again = tmp_path / "again.json"
     assert main(["--findings-from", str(out)]) == 0
+    # the forecast's cost inputs, read from this run's own generation output and target
+    from curator import forecast as fc
+    from training.store import bytes_per_token
+
+    gen = fc.generation_cost(tmp_path / "w" / "gen-union")
+    assert set(gen.tokens_per_sample) <= {"agentic", "code", "reasoning", "chat"} and gen.output_tokens_per_s > 0
+    assert all(gen.tokens_per_sample[c] > gen.answer_tokens_per_sample[c] > 0 for c in gen.tokens_per_sample)
+    assert fc.store_bytes_per_token(tmp_path / "w" / "target") == bytes_per_token(64, 3, "bf16", True)
