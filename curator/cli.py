@@ -34,7 +34,7 @@ COMMANDS = {
     "sql": "catalog", "catalog": "catalog", "scout": "scout", "hub": "scout", "build-mix": "mix",
     "generate": "generate", "plan": "hidden_states", "hidden-states": "hidden_states", "train": "train",
     "export": "train", "eval": "evaluate", "doctor": "doctor", "demo": "demo",
-    "bench-serve": "bench_serve", "profile": "profile",
+    "bench-serve": "bench_serve", "profile": "profile", "forecast": "forecast",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
@@ -55,6 +55,7 @@ COMMAND_HELP = {
     "eval": "Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled).",
     "doctor": "Check a draft export, its fit with the target and data, and a server launch command.",
     "bench-serve": "Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup.",
+    "forecast": "Forecast the samples per category that reach --goal acceptance, with a band and their cost.",
     "profile": "Profile a traffic sample: categories, lengths, turns, tool use, languages, matching features.",
     "demo": "Run scout -> review -> build-mix -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.",
 }

@@ -55,13 +55,14 @@ from training.simulate import simulate_acceptance  # noqa: E402
 from training.trainer import train  # noqa: E402
 
 
-def write_mix(path: Path, prefix: str, prompts: list[str]) -> Path:
-    """Write prompts as a one-part mix (the build-mix schema); return the folder."""
+def write_mix(path: Path, prefix: str, prompts: list[str], categories: list[str] | None = None) -> Path:
+    """Write prompts as a one-part mix (the build-mix schema), all "code" unless `categories` says
+    each one's; return the folder."""
     path.mkdir(parents=True, exist_ok=True)
     table = pa.table({
         "id": [f"{prefix}-{i:06d}" for i in range(len(prompts))],
         "source": [f"reference-{prefix}"] * len(prompts),
-        "category": ["code"] * len(prompts),
+        "category": categories or ["code"] * len(prompts),
         "messages": [[{"role": "user", "content": p}] for p in prompts],
         "turns": ["all"] * len(prompts),
         "keep_responses": [False] * len(prompts),

@@ -124,6 +124,30 @@ def build_reference_target(
     split = split_sources(python_sources(source_bytes))
     tokenizer = train_tokenizer(split.train[: max(1, len(split.train) // 3)], vocab_size=vocab_size)
     t_tok = time.perf_counter() - t0
+    pairs = code_windows(tokenizer, split.train, prefix_tokens, cont_tokens, n=200_000, seed=seed)
+    figures = train_target(out_dir, tokenizer, pairs, seconds=seconds, steps=steps, hidden_size=hidden_size,
+                           num_layers=num_layers, seq_len=prefix_tokens + cont_tokens + 8, batch_size=batch_size,
+                           lr=lr, seed=seed, device=device)
+    return {**figures, "source_files": len(split.train) + len(split.pool) + len(split.heldout), "tokenizer_s": t_tok}
+
+
+def train_target(
+    out_dir: str | Path,
+    tokenizer,
+    pairs: list[tuple[str, str]],
+    *,
+    seconds: float,
+    steps: int | None,
+    hidden_size: int,
+    num_layers: int,
+    seq_len: int,
+    batch_size: int,
+    lr: float = 1.5e-3,
+    seed: int = 0,
+    device: str = "cuda",
+) -> dict[str, float]:
+    """Train a Llama on `pairs` framed as chat, for `seconds` (or exactly `steps`), save it with
+    `tokenizer` into `out_dir`; return its figures (params, steps, tokens/s, loss, weights hash)."""
     config = llama_config(
         len(tokenizer),
         hidden_size=hidden_size,
@@ -140,8 +164,6 @@ def build_reference_target(
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    seq_len = prefix_tokens + cont_tokens + 8
-    pairs = code_windows(tokenizer, split.train, prefix_tokens, cont_tokens, n=200_000, seed=seed)
     # on the device before the step estimate times anything: the copy is not a training step
     rows = chat_rows(tokenizer, pairs, seq_len).to(device)
     t1 = time.perf_counter()
@@ -160,8 +182,6 @@ def build_reference_target(
         digest.update(p.detach().float().cpu().numpy().tobytes())
     return {
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-        "source_files": len(split.train) + len(split.pool) + len(split.heldout),
-        "tokenizer_s": t_tok,
         "train_s": train_s,
         "train_steps": len(losses),
         "train_tokens_per_s": len(losses) * batch_size * seq_len / train_s,
