@@ -210,6 +210,19 @@ def _harmony(text: str) -> tuple[str, str | None, ToolCalls]:
     return (final.group(1) if final else ""), ("\n".join(reasoning) or None), calls
 
 
+# The tokens that end a turn or the sequence in each template format: the only ones stripped from a
+# completion before its structure is read. Tool-call markers are often special tokens too (Kimi-K2's
+# <|tool_call_end|>, DeepSeek's <｜tool▁calls▁end｜>), and stripping them loses the call.
+END_OF_TURN: dict[str, tuple[str, ...]] = {
+    "hermes": ("<|im_end|>", "<|endoftext|>"),
+    "kimi": ("<|im_end|>", "[EOS]"),
+    "llama3": ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+    "deepseek": ("<｜end▁of▁sentence｜>",),
+    "harmony": ("<|return|>", "<|end|>"),  # <|call|> closes a call: the harmony reader needs it
+    "none": (),
+}
+
+
 def answer_format(chat_template: str) -> str:
     """Return the tool-call format a chat template writes (hermes, kimi, llama3, deepseek, harmony, none)."""
     template = chat_template or ""
@@ -280,8 +293,10 @@ class TokenMode:
         self.engine = engine
         self.model = model
         self.params = params
-        self._end_strings = sorted({s for s in getattr(self.tokenizer, "all_special_tokens", []) if s}, key=len,
-                                   reverse=True)
+        self._specials = sorted({s for s in getattr(self.tokenizer, "all_special_tokens", []) if s}, key=len,
+                                reverse=True)
+        eos = getattr(self.tokenizer, "eos_token", None)
+        self._end_strings = {*END_OF_TURN[self.format], *([eos] if isinstance(eos, str) and eos else [])}
 
     def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> TokenRequest:
         """Return the engine request for the target's answer to `messages`."""
@@ -306,16 +321,19 @@ class TokenMode:
             raise RequestError(f"{endpoint} returned token ids that do not decode to its text "
                                f"({len(ids)} ids decode to {decoded[:60]!r}, text is {answer.text[:60]!r})",
                                status=200, permanent=True, endpoint=endpoint)
-        content, reasoning, calls = parse_answer(self._strip_end(decoded), self.format)
+        stop = self.tokenizer.decode([answer.stop_token], skip_special_tokens=False) if answer.stop_token is not None else None
+        content, reasoning, calls = parse_answer(self._strip_end(decoded, stop), self.format)
         return Completion(content, reasoning, answer.finish_reason, len(request.prompt_ids), len(ids), endpoint,
                           latency_s, tool_calls=calls or None, prompt_ids=request.prompt_ids, completion_ids=ids,
                           mode="token")
 
-    def _strip_end(self, text: str) -> str:
+    def _strip_end(self, text: str, stop: str | None = None) -> str:
+        """Return `text` without its trailing end-of-turn/end-of-sequence tokens (and the engine's stop token)."""
+        ends = sorted(self._end_strings | ({stop} if stop else set()), key=len, reverse=True)
         changed = True
         while changed:
             changed = False
-            for s in self._end_strings:
+            for s in ends:
                 if text.endswith(s):
                     text, changed = text[: -len(s)], True
         return text
@@ -324,7 +342,7 @@ class TokenMode:
         # Engines leave the stop token out of their text (and may strip other specials): compare
         # with the special-token strings taken out of both.
         def plain(s: str) -> str:
-            for special in self._end_strings:
+            for special in self._specials:
                 s = s.replace(special, "")
             return s.strip()
 
