@@ -90,8 +90,8 @@ def sglang_rule(architecture: str | None) -> str:
     return rule
 
 
-def sglang_captured(config_ids: Sequence[int] | None, architecture: str | None, num_layers: int) -> list[int]:
-    """Return the layer inputs SGLang captures, in order, for a draft config holding `config_ids`."""
+def sglang_layers_to_capture(config_ids: Sequence[int] | None, architecture: str | None, num_layers: int) -> list[int]:
+    """Return the `layers_to_capture` list SGLang's `set_eagle3_layers_to_capture` sets for a target class."""
     n = num_layers
     rule = sglang_rule(architecture)
     ids = [2, n // 2, n - 3] if config_ids is None else [int(i) for i in config_ids]
@@ -99,10 +99,15 @@ def sglang_captured(config_ids: Sequence[int] | None, architecture: str | None, 
             rule == "plus-one"
             or (rule == "plus-one-if-first-is-one" and ids and ids[0] == 1)
             or (rule == "keep-if-last-is-n" and not (ids and max(ids) == n)))):
-        ids = [i + 1 for i in ids]
-    top = n if architecture in SGLANG_CAPTURES_LAST_OUTPUT else n - 1
+        return [i + 1 for i in ids]
+    return ids
+
+
+def sglang_captured(config_ids: Sequence[int] | None, architecture: str | None, num_layers: int) -> list[int]:
+    """Return the layer inputs SGLang captures, in order, for a draft config holding `config_ids`."""
+    top = num_layers if architecture in SGLANG_CAPTURES_LAST_OUTPUT else num_layers - 1
     # the model's loop visits layers in order and tests membership: order and repeats vanish
-    return sorted({i for i in ids if 0 <= i <= top})
+    return sorted({i for i in sglang_layers_to_capture(config_ids, architecture, num_layers) if 0 <= i <= top})
 
 
 def sglang_config_ids(layer_ids: Sequence[int], architecture: str | None, num_layers: int) -> list[int] | None:
