@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import TextColumn
 
 from curator.errors import CatalogError, ConfigError
+from curator.loss_report import LOSS_NOTE, loss_text
 from curator.ui import console, progress, rows_table, summary_table
 from training.errors import TrainingError
 from training.train_config import TrainConfig, load_run_config
@@ -23,19 +24,6 @@ if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a us
 
 def _fmt_acc(values: list[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
-
-
-def loss_text(record: dict[str, Any]) -> str:
-    """Return the loss as a reader should take it: the KL to the target where the record holds
-    the target's entropy, else the cross-entropy, named so (its floor is that entropy, not 0)."""
-    if record.get("target_entropy") is not None:
-        return f"KL {record['loss'] - record['target_entropy']:.3f}"
-    return f"CE {record['loss']:.3f}"
-
-
-LOSS_NOTE = ("CE: soft cross-entropy against the target's distribution on the draft vocabulary, summed over TTT "
-             "steps with weights 0.8^k. It includes the target's own entropy, so it levels off above 0: "
-             "read the accuracies and the accept length for progress.")
 
 
 def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> None:
