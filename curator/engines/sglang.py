@@ -6,8 +6,9 @@
   tokenizer_manager.py's answer): request {"input_ids", "sampling_params": {"temperature", "top_p",
   "max_new_tokens", "skip_special_tokens"}, "stream"}; answer {"text", "output_ids", "meta_info":
   {"finish_reason": {"type", "matched"}, "prompt_tokens", "completion_tokens", ...}};
-- bench-serve's acceptance: `meta_info.spec_verify_ct` beside `completion_tokens` on every answer of a
-  speculating server (completion_tokens / spec_verify_ct is SGLang's own spec_accept_length);
+- bench-serve's acceptance (managers/tokenizer_manager.py): `meta_info.spec_verify_ct` (target verify
+  forwards of that request) beside `completion_tokens` on every `/generate` answer of a speculating
+  server; completion_tokens / spec_verify_ct is SGLang's own spec_accept_length;
 - hidden-state capture: the target class's layer rule (training/sglang_rules.py).
 """
 
@@ -15,9 +16,14 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from curator.engines.answer import AnswerError, EngineAnswer, ignored_prompt, int_list, malformed
 from curator.engines.launch import Check, LaunchSpec, int_opt, kept_args, option_map
+from curator.errors import EndpointError
+
+if TYPE_CHECKING:
+    from curator.generate.client import SamplingParams
 
 NAME = "sglang"
 GENERATE_PATH = "/generate"
@@ -107,3 +113,53 @@ def layout_problems(layout_name: str, config: dict[str, Any]) -> list[Check]:
 def missing_algorithm(spec: LaunchSpec, layout_name: str) -> Check:
     """Return the check for a command that names no speculative algorithm."""
     return Check("algorithm", "error", "no speculative algorithm given: add --speculative-algorithm EAGLE3")
+
+
+# ---------------------------------------------------------------- token-exact generation
+
+
+def token_request(prompt_ids: Sequence[int], params: SamplingParams, model: str) -> dict[str, Any]:
+    """Return the body of SGLang's native /generate request for prompt ids."""
+    sampling: dict[str, Any] = {"temperature": params.temperature, "max_new_tokens": params.max_tokens,
+                                "skip_special_tokens": False}
+    if params.top_p is not None:
+        sampling["top_p"] = params.top_p
+    return {"input_ids": list(prompt_ids), "sampling_params": sampling, "stream": False}
+
+
+def parse_token_answer(payload: Any, prompt_ids: Sequence[int], endpoint: str) -> EngineAnswer:
+    """Return the answer in a /generate response; AnswerError when it is not one or the prompt was not taken."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("meta_info"), Mapping):
+        raise malformed(endpoint, "no meta_info in the /generate response")
+    meta = payload["meta_info"]
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, Mapping) else finish
+    if kind == "abort":
+        message = finish.get("message") if isinstance(finish, Mapping) else None
+        raise AnswerError(f"{endpoint} aborted the request: {message or 'no reason given'}", permanent=False)
+    prompt_tokens = meta.get("prompt_tokens")
+    if isinstance(prompt_tokens, int) and prompt_tokens != len(prompt_ids):
+        raise ignored_prompt(endpoint, f"it counted {prompt_tokens} prompt tokens, {len(prompt_ids)} were sent")
+    ids = payload.get("output_ids")
+    matched = finish.get("matched") if isinstance(finish, Mapping) else None
+    return EngineAnswer(
+        completion_ids=list(ids) if int_list(ids) else None,
+        text=str(payload.get("text") or ""),
+        finish_reason=str(kind or "unknown"),
+        prompt_tokens=int(prompt_tokens or len(prompt_ids)),
+        completion_tokens=int(meta.get("completion_tokens") or (len(ids) if int_list(ids) else 0)),
+        stop_token=matched if isinstance(matched, int) and not isinstance(matched, bool) else None,
+    )
+
+
+# ---------------------------------------------------------------- bench-serve
+
+
+def verify_counts(meta_info: Any) -> tuple[int, int | None]:
+    """Return (completion_tokens, spec_verify_ct or None when the server does not speculate)."""
+    if not isinstance(meta_info, dict) or not isinstance(meta_info.get("completion_tokens"), int):
+        raise EndpointError("the SGLang /generate answer has no meta_info.completion_tokens: not an SGLang server?")
+    verify = meta_info.get("spec_verify_ct")
+    if verify is not None and not isinstance(verify, int):
+        raise EndpointError(f"meta_info.spec_verify_ct is {verify!r}, not a count")
+    return meta_info["completion_tokens"], verify

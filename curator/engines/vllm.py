@@ -7,21 +7,40 @@
   CompletionRequest/CompletionResponseChoice): request {"model", "prompt": [int], "max_tokens",
   "temperature", "top_p", "return_token_ids": true, "skip_special_tokens": false}; answer
   {"choices": [{"text", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids"}], "usage"};
-- bench-serve's acceptance: the Prometheus counters on `/metrics` (curator/serve_bench/engine_fields.py);
+- bench-serve's acceptance (v1/spec_decode/metrics.py): Prometheus counters on `/metrics`,
+  `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens` and
+  `..._num_accepted_tokens_per_pos` (label `position`), with prometheus_client's `_total` suffix and
+  labelled per engine and model; mean acceptance length = 1 + accepted / drafts, position k's rate =
+  per_pos[k] / drafts. They are server-wide and cumulative: a run reads them before and after and
+  takes the difference, so nothing else may use the server meanwhile;
 - hidden-state capture: the draft config's ids taken as layer inputs (training.layers.vllm_captured).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from curator.engines.answer import EngineAnswer, ignored_prompt, int_list, malformed
 from curator.engines.launch import Check, LaunchSpec, int_opt, int_or_none, kept_args, option_map, same_path
+from curator.engines.prometheus import is_counter, parse_prometheus
+from curator.errors import EndpointError
+
+if TYPE_CHECKING:
+    from curator.generate.client import SamplingParams
+
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 NAME = "vllm"
-COMPLETIONS_PATH = "/v1/completions"
+GENERATE_PATH = "/v1/completions"
 
 
 def recognises(argv: list[str]) -> bool:
@@ -203,3 +222,87 @@ def missing_algorithm(spec: LaunchSpec, layout_name: str) -> Check:
 def serves_export_directly(spec: LaunchSpec, export: Path, layout_name: str) -> bool:
     """Return whether the command is `vllm serve EXPORT` on a speculators export (vLLM then serves its verifier)."""
     return layout_name == "speculators" and spec.target is not None and same_path(spec.target, export) == "ok"
+
+
+# ---------------------------------------------------------------- token-exact generation
+
+
+def token_request(prompt_ids: Sequence[int], params: SamplingParams, model: str) -> dict[str, Any]:
+    """Return the body of a vLLM /v1/completions request with a token-id prompt that asks for the ids back."""
+    body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+                            "temperature": params.temperature, "return_token_ids": True,
+                            "skip_special_tokens": False, "stream": False}
+    if params.top_p is not None:
+        body["top_p"] = params.top_p
+    return body
+
+
+def parse_token_answer(payload: Any, prompt_ids: Sequence[int], endpoint: str) -> EngineAnswer:
+    """Return the answer in a /v1/completions response; AnswerError when it is not one or the prompt was not taken."""
+    try:
+        choice = payload["choices"][0]
+        text = choice["text"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise malformed(endpoint, f"no choices[0].text ({type(exc).__name__})") from exc
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        raise ignored_prompt(endpoint, "prompt_token_ids differ from the ids sent")
+    usage = payload.get("usage") or {}
+    ids = choice.get("token_ids")
+    stop = choice.get("stop_reason")
+    return EngineAnswer(
+        completion_ids=list(ids) if int_list(ids) else None,
+        text=str(text or ""),
+        finish_reason=str(choice.get("finish_reason") or "unknown"),
+        prompt_tokens=int(usage.get("prompt_tokens") or len(prompt_ids)),
+        completion_tokens=int(usage.get("completion_tokens") or (len(ids) if int_list(ids) else 0)),
+        stop_token=stop if isinstance(stop, int) and not isinstance(stop, bool) else None,
+    )
+
+
+# ---------------------------------------------------------------- bench-serve
+
+
+@dataclass
+class VllmSpecCounters:
+    """vLLM's speculative-decoding counters at one moment (summed over engines)."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_metrics(cls, text: str) -> VllmSpecCounters:
+        """Return the counters in a `/metrics` page; refused when it has none (no speculation)."""
+        c, found = cls(), False
+        for name, labels, value in parse_prometheus(text):
+            if is_counter(VLLM_ACCEPTED_PER_POS, name):
+                pos = int(labels.get("position", "0"))
+                c.accepted_per_pos[pos] = c.accepted_per_pos.get(pos, 0.0) + value
+            elif is_counter(VLLM_DRAFTS, name):
+                c.drafts += value
+                found = True
+            elif is_counter(VLLM_DRAFT_TOKENS, name):
+                c.draft_tokens += value
+            elif is_counter(VLLM_ACCEPTED, name):
+                c.accepted += value
+        if not found:
+            raise EndpointError(f"the /metrics page has no {VLLM_DRAFTS} counter: the server runs without speculative decoding")
+        return c
+
+    def minus(self, before: VllmSpecCounters) -> VllmSpecCounters:
+        """Return what was counted since `before`."""
+        return VllmSpecCounters(
+            self.drafts - before.drafts, self.draft_tokens - before.draft_tokens, self.accepted - before.accepted,
+            {p: v - before.accepted_per_pos.get(p, 0.0) for p, v in self.accepted_per_pos.items()},
+        )
+
+    @property
+    def acceptance_length(self) -> float:
+        """Return 1 + accepted / drafts (vLLM's mean acceptance length, bonus token included)."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else math.nan
+
+    def position_rates(self) -> list[float]:
+        """Return per draft position the share of drafts whose tokens 1..k were all accepted."""
+        return [self.accepted_per_pos[p] / self.drafts if self.drafts else math.nan for p in sorted(self.accepted_per_pos)]

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -25,8 +25,13 @@ from curator.http import RetryPolicy
 
 DEFAULT_TIMEOUT_S = 1800.0  # a whole 4K-token answer of a large model under load
 
-if TYPE_CHECKING:
-    from curator.generate.token_ids import TokenMode
+
+class TokenRequests(Protocol):
+    """Token-exact requests (curator/generate/token_ids.py builds them; this module needs only their shape)."""
+
+    def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
+
+    def completion(self, payload: Any, request: Any, endpoint: str, latency_s: float) -> Completion: ...
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,7 @@ class OpenAIBackend:
         concurrency: int = 64,
         retry: RetryPolicy = RetryPolicy(),
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        tokens: TokenMode | None = None,
+        tokens: TokenRequests | None = None,
     ) -> None:
         if not urls:
             raise EndpointError("no endpoint given (pass --endpoint http://host:port)")

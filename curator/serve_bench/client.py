@@ -20,7 +20,7 @@ import httpx
 
 from curator import http
 from curator.errors import EndpointError
-from curator.serve_bench.engine_fields import sglang_verify_counts
+from curator.engines.sglang import verify_counts as sglang_verify_counts
 
 ENGINES = ("sglang", "vllm")
 

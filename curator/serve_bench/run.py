@@ -21,7 +21,7 @@ from curator.serve_bench.client import (
     served_model,
     timed_request,
 )
-from curator.serve_bench.engine_fields import VllmSpecCounters
+from curator.engines.vllm import VllmSpecCounters
 from curator.serve_bench.report import GroupResult, ServeBenchReport, sglang_acceptance
 
 
