@@ -78,7 +78,7 @@ def sglang_rule(architecture: str | None) -> str:
         raise ModelMismatchError(
             f"target class {architecture!r} is not in SGLang {SGLANG_VERSION}'s model registry, so which layers "
             "SGLang would feed the draft is unknown; serve with vLLM (export --format speculators) or add the "
-            "class to training/sglang_rules.py from SGLang's code (docs/adding-an-engine.md)")
+            "class to training/sglang_rules.py from SGLang's code (docs/adding-a-layout-or-engine.md)")
     if rule == "no-eagle3":
         raise ModelMismatchError(
             f"SGLang {SGLANG_VERSION}'s {architecture} has no set_eagle3_layers_to_capture: SGLang refuses EAGLE3 "
