@@ -163,3 +163,19 @@ def verify_counts(meta_info: Any) -> tuple[int, int | None]:
     if verify is not None and not isinstance(verify, int):
         raise EndpointError(f"meta_info.spec_verify_ct is {verify!r}, not a count")
     return meta_info["completion_tokens"], verify
+
+
+def bench_request(prompt: Any, model: str | None, max_tokens: int, temperature: float) -> tuple[str, dict[str, Any]]:
+    """Return (path, body) of one streamed bench-serve request: native /generate with token ids."""
+    return GENERATE_PATH, {"input_ids": prompt, "stream": True,
+                           "sampling_params": {"temperature": temperature, "max_new_tokens": max_tokens}}
+
+
+def streamed_output(event: dict[str, Any]) -> bool:
+    """Return whether a streamed event carries generated text (every /generate event does)."""
+    return True
+
+
+def bench_counts(last: dict[str, Any], usage: dict[str, Any], where: str) -> tuple[int, int | None]:
+    """Return (completion tokens, verify forwards) read from a streamed answer's last event."""
+    return verify_counts(last.get("meta_info"))

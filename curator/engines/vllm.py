@@ -306,3 +306,24 @@ class VllmSpecCounters:
     def position_rates(self) -> list[float]:
         """Return per draft position the share of drafts whose tokens 1..k were all accepted."""
         return [self.accepted_per_pos[p] / self.drafts if self.drafts else math.nan for p in sorted(self.accepted_per_pos)]
+
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def bench_request(prompt: Any, model: str | None, max_tokens: int, temperature: float) -> tuple[str, dict[str, Any]]:
+    """Return (path, body) of one streamed bench-serve request: chat completions with the usage chunk."""
+    return CHAT_PATH, {"model": model, "messages": prompt, "temperature": temperature, "max_tokens": max_tokens,
+                       "stream": True, "stream_options": {"include_usage": True}}
+
+
+def streamed_output(event: dict[str, Any]) -> bool:
+    """Return whether a streamed chunk carries generated text (the first may be the role alone)."""
+    return any((c.get("delta") or {}).get("content") for c in event.get("choices") or [])
+
+
+def bench_counts(last: dict[str, Any], usage: dict[str, Any], where: str) -> tuple[int, int | None]:
+    """Return (completion tokens, None): vLLM counts speculation server-wide, on /metrics."""
+    if not isinstance(usage.get("completion_tokens"), int):
+        raise EndpointError(f"{where} streamed no usage.completion_tokens (stream_options.include_usage)")
+    return usage["completion_tokens"], None
