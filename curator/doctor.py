@@ -129,9 +129,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
         return [Check("architecture", "error", f"architectures={archs!r}: expected {known}; re-export the checkpoint")]
     lay = layout.layout
     checks.append(Check("architecture", "ok", f"{archs[0] if archs else lay.name} ({lay.name} layout)"))
-    if lay.name == "speculators" and layout.config.get("speculators_model_type") != "eagle3":
-        checks.append(Check("speculators type", "error",
-                            f"speculators_model_type={layout.config.get('speculators_model_type')!r}, expected 'eagle3'"))
+    checks += [Check(f"{lay.name} config", "error", problem) for problem in lay.config_problems(layout.config)]
 
     h, vocab, dvocab = layout.hidden_size, layout.vocab_size, layout.draft_vocab_size
     missing_cfg = [n for n, v in (("hidden_size", h), ("vocab_size", vocab), ("draft_vocab_size", dvocab)) if v is None]
@@ -154,8 +152,8 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     else:
         checks.append(Check("weight names", "ok", f"fc, {lay.decoder_prefix}*, norm, lm_head{', d2t, t2d' if small else ''} present"))
 
-    if lay.name == "speculators":
-        verifier = str(((layout.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+    verifier = lay.verifier(layout.config)
+    if verifier is not None:
         if not vllm.takes_verifier(verifier):
             checks.append(Check("verifier", "warn",
                                 f"speculators_config.verifier.name_or_path is {verifier!r}; `vllm serve` needs a Hub "
@@ -203,10 +201,7 @@ def _check_fc(layout: DraftLayout, h: int) -> list[Check]:
     if fc is None:
         return []
     target_h = _target_hidden(layout, h)
-    ids = layout.aux_layer_ids
-    # both engines' drafts size fc from num_aux_hidden_states, else the count of eagle_config's ids, else 3
-    n_aux = (int_or_none(layout.decoder_config.get("num_aux_hidden_states"))
-             or (len(ids) if layout.fmt == "sglang" and ids else 3))
+    n_aux = layout.layout.fc_aux_count(layout.config) if layout.layout else 3
     if len(fc) != 2 or fc[0] != h:
         return [Check("fc shape", "error", f"fc.weight is {list(fc)}, expected [{h}, {n_aux} x target_hidden]")]
     if fc[1] != n_aux * target_h:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -108,16 +107,16 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export import FORMATS, export_checkpoint, is_hub_id
+    from training.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
+    from training.layouts import layout_named
 
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
     path = export_checkpoint(checkpoint, out, fmt=format, verifier=verifier, target_dir=target)
-    if format == "speculators":
-        name = json.loads((path / "config.json").read_text(encoding="utf-8"))["speculators_config"]["verifier"]["name_or_path"]
-        if not is_hub_id(name):
-            console.print(f"[yellow]warning:[/] the verifier is the local folder {escape(name)}; `vllm serve` needs the "
-                          "target's Hub id: export again with --verifier ORG/NAME", highlight=False)
+    name = layout_named(format).verifier(read_export_config(path))
+    if name is not None and not is_hub_id(name):
+        console.print(f"[yellow]warning:[/] the verifier is the local folder {escape(name)}; `vllm serve` needs the "
+                      "target's Hub id: export again with --verifier ORG/NAME", highlight=False)
     console.print(summary_table("curator export", [("format", format), ("out", str(path)),
                                                     ("files", ", ".join(sorted(p.name for p in path.iterdir())))]))
 

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 NAME = "sglang"
 GENERATE_PATH = "/generate"
+BENCH_TAKES_TOKEN_IDS = True  # bench-serve sends rendered ids to /generate
+ACCEPTANCE_ON_METRICS_PAGE = False  # each answer carries its own verify count
+NEEDS_SERVED_MODEL_NAME = False
 
 FLAGS = {
     "model": ("--model-path", "--model"),

@@ -41,6 +41,9 @@ VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 NAME = "vllm"
 GENERATE_PATH = "/v1/completions"
+BENCH_TAKES_TOKEN_IDS = False  # bench-serve sends chat messages
+ACCEPTANCE_ON_METRICS_PAGE = True  # server-wide counters on /metrics, read before and after
+NEEDS_SERVED_MODEL_NAME = True  # chat completions name the model
 
 
 def recognises(argv: list[str]) -> bool:

@@ -101,6 +101,23 @@ class Layout(ABC):
     def served(self, config: dict[str, Any], target_config: dict[str, Any]) -> dict[str, list[int]]:
         """Return, per engine that reads this layout, the target layers (as inputs) it feeds the draft."""
 
+    def config_problems(self, config: dict[str, Any]) -> list[str]:
+        """Return what in a config.json of this layout its readers refuse (beyond the shared fields)."""
+        return []
+
+    def verifier(self, config: dict[str, Any]) -> str | None:
+        """Return the target a reader of this layout serves by name (None: the layout names none)."""
+        return None
+
+    def fc_aux_count(self, config: dict[str, Any]) -> int:
+        """Return how many aux states the readers build fc for: `num_aux_hidden_states` first (both
+        engines' EAGLE-3 drafts), else the count of the ids written, else 3."""
+        count = self.decoder_config(config).get("num_aux_hidden_states")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            return count
+        ids = self.written_layer_ids(config)
+        return len(ids) if ids else 3
+
     def internal_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Return file weights under the toolkit's names."""
         return {(INTERNAL_PREFIX + k[len(self.decoder_prefix):] if k.startswith(self.decoder_prefix) else k): v

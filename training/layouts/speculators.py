@@ -49,6 +49,19 @@ class SpeculatorsLayout(Layout):
     def recognises(self, config: dict[str, Any]) -> bool:
         return super().recognises(config) or bool(config.get("speculators_model_type"))
 
+    def config_problems(self, config: dict[str, Any]) -> list[str]:
+        kind = config.get("speculators_model_type")
+        return [] if kind == "eagle3" else [f"speculators_model_type={kind!r}, expected 'eagle3'"]
+
+    def verifier(self, config: dict[str, Any]) -> str | None:
+        return str(((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+
+    def fc_aux_count(self, config: dict[str, Any]) -> int:
+        # vLLM's parser builds the draft config from transformer_layer_config and does not copy the ids
+        # into eagle_config: without num_aux_hidden_states there, vLLM builds fc for 3
+        count = self.decoder_config(config).get("num_aux_hidden_states")
+        return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 3
+
     def decoder_config(self, config: dict[str, Any]) -> dict[str, Any]:
         return dict(config.get("transformer_layer_config") or {})
 
