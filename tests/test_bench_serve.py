@@ -10,11 +10,9 @@ from fakes.serving_servers import FakeServingServer
 
 from curator.errors import ConfigError, EndpointError
 from curator.serve_bench.client import Endpoint
-from curator.serve_bench.engine_fields import (
-    VllmSpecCounters,
-    parse_prometheus,
-    sglang_verify_counts,
-)
+from curator.engines.prometheus import parse_prometheus
+from curator.engines.sglang import verify_counts as sglang_verify_counts
+from curator.engines.vllm import VllmSpecCounters
 from curator.serve_bench.report import verdict
 from curator.serve_bench.run import BenchPrompt, bench_serve
 

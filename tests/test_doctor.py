@@ -358,3 +358,49 @@ def test_vllm_serve_export_takes_a_bare_hub_id_as_vllm_does(tmp_path: Path) -> N
     draft = write_speculators_export(tmp_path / "spec", verifier="gpt2")  # huggingface_hub's validate_repo_id passes it
     report = diagnose(draft, launch=f"vllm serve {draft}")
     assert "verifier" not in {c.name for c in report.checks}
+
+
+def named(report, name: str):  # type: ignore[no-untyped-def]
+    return [c for c in report.checks if c.name == name]
+
+
+def test_a_glm5_target_is_judged_by_deepseeks_rule_not_plus_one(tmp_path: Path) -> None:
+    # SGLang 0.5.23's GlmMoeDsaForCausalLM inherits DeepSeek's rule: ids not starting at 1 are kept as they are
+    target = write_target(tmp_path / "glm5", architectures=["GlmMoeDsaForCausalLM"])
+    trained = {"aux_layer_inputs": [3, 5, 6]}
+    right = write_sglang_export(tmp_path / "right", config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 5, 6]},
+                                                           "curator": trained})
+    assert [c.status for c in named(diagnose(right, target), "aux layers (SGLang)")] == ["ok"]
+    # what the old export wrote for it (one lower, as for Llama): SGLang serves layers [2, 4, 5]
+    old = write_sglang_export(tmp_path / "old", config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]},
+                                                       "curator": trained})
+    [check] = named(diagnose(old, target), "aux layers (SGLang)")
+    assert check.status == "error" and "[2, 4, 5]" in check.detail
+
+
+def test_a_target_class_sglang_does_not_know_is_an_error_not_an_assumption(tmp_path: Path, good_draft: Path) -> None:
+    target = write_target(tmp_path / "new", architectures=["BrandNewForCausalLM"])
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
+    [check] = named(report, "aux layers served")
+    assert check.status == "error" and "not in SGLang 0.5.23's model registry" in check.detail
+    assert not report.ok
+
+
+def test_a_diverged_draft_is_not_ready_to_serve(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "nan")
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["fc.weight"][0, 0] = float("nan")
+    save_file(tensors, str(draft / "model.safetensors"))
+    report = diagnose(draft, target, launch=sglang_cmd(target, draft))
+    [check] = named(report, "weight values")
+    assert check.status == "error" and "fc.weight" in check.detail and not report.ok
+
+
+def test_a_draft_on_four_layers_with_its_count_written_passes(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "four", fc_in=4 * H, config={
+        "num_aux_hidden_states": 4, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]},
+        "eagle_aux_hidden_state_layer_ids": [2, 3, 4, 5], "curator": {"aux_layer_inputs": [2, 3, 4, 5]}})
+    report = diagnose(draft, target, launch=sglang_cmd(target, draft))
+    assert report.ok, [c for c in report.checks if c.status == "error"]

@@ -113,3 +113,125 @@ def test_export_never_deletes_a_folder_that_is_not_an_export(run_dir: Path, tmp_
     out = export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     assert export_checkpoint(run_dir, out, fmt="speculators") == out  # an earlier export is replaced
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def variant(run_dir: Path, out: Path, weights: dict | None = None, draft_config: dict | None = None) -> Path:
+    """Return a copy of the run's checkpoint at `out` with some weights and draft_config fields replaced."""
+    from safetensors.torch import load_file, save_file
+
+    ckpt = next((run_dir / "checkpoints").glob("step-*"))
+    out.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(out / "draft.safetensors"))
+    tensors.update(weights or {})
+    save_file(tensors, str(out / "draft.safetensors"), metadata={"format": "pt"})
+    meta = json.loads((out / "meta.json").read_text())
+    meta["draft_config"].update(draft_config or {})
+    (out / "meta.json").write_text(json.dumps(meta))
+    return out
+
+
+def checkpoint_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(next((run_dir / "checkpoints").glob("step-*")) / "draft.safetensors"))
+
+
+def test_a_diverged_checkpoint_is_refused_at_export_and_a_nan_export_at_load(run_dir: Path, tmp_path: Path) -> None:
+    from training.errors import ModelMismatchError
+
+    fc = checkpoint_weights(run_dir)["fc.weight"].clone()
+    fc[0, 0] = float("nan")
+    with pytest.raises(ModelMismatchError, match="NaN or inf in fc.weight.*diverged"):
+        export_checkpoint(variant(run_dir, tmp_path / "nan", {"fc.weight": fc}), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # an export whose weights went NaN afterwards (or another tool's) is refused by load_draft, so by eval
+    out = export_checkpoint(run_dir, tmp_path / "good", fmt="sglang")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors["lm_head.weight"][1, 1] = float("inf")
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ModelMismatchError, match="NaN or inf in lm_head.weight"):
+        load_draft(out)
+
+
+def test_a_wrongly_shaped_fc_or_an_out_of_range_d2t_is_refused_at_export(run_dir: Path, tmp_path: Path) -> None:
+    from training.errors import ModelMismatchError
+
+    weights = checkpoint_weights(run_dir)
+    fc = weights["fc.weight"]
+    with pytest.raises(ModelMismatchError, match=r"fc.weight is \[64, 128\], expected \[64, 192\]"):
+        export_checkpoint(variant(run_dir, tmp_path / "fc", {"fc.weight": fc[:, :128].clone()}), tmp_path / "a")
+    d2t = weights["d2t"].clone()
+    d2t[-1] = 10**6
+    with pytest.raises(ModelMismatchError, match="outside the target vocabulary"):
+        export_checkpoint(variant(run_dir, tmp_path / "d2t", {"d2t": d2t}), tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_export_sweeps_the_temporaries_of_killed_exports_but_not_a_users_folder(run_dir: Path, tmp_path: Path) -> None:
+    killed = tmp_path / ".draft.1a2b3c.tmp"  # a kill between writing and renaming leaves this
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"partial")
+    users = tmp_path / ".draft.abcdef.tmp"  # same shape of name, but not an export's files: kept
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    other = tmp_path / ".other.1a2b3c.tmp"  # another output's temporary: not ours to judge
+    other.mkdir()
+    export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+    assert not killed.exists()
+    assert (users / "notes.txt").read_text() == "mine" and other.exists()
+
+
+def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(run_dir: Path, tmp_path: Path) -> None:
+    from training.outlock import OutputBusyError, OutputLock
+
+    with OutputLock(tmp_path, ".draft.export.lock", "curator export"):  # a live export of tmp_path/draft
+        with pytest.raises(OutputBusyError, match="being written by another curator export"):
+            export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+    assert not (tmp_path / "draft").exists()
+    assert export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang").is_dir()  # once it is done
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_a_draft_on_four_aux_layers_is_exported_with_its_real_count(run_dir: Path, sharp_target: Path,
+                                                                    tmp_path: Path, fmt: str) -> None:
+    import shutil
+
+    # four of the tiny target's layers include its last output (id 4): a target class whose SGLang
+    # model loop captures it (Gemma-3), so that SGLang can be told to
+    target = tmp_path / "target"
+    shutil.copytree(sharp_target, target)
+    tcfg = json.loads((target / "config.json").read_text())
+    tcfg["architectures"] = ["Gemma3ForCausalLM"]
+    (target / "config.json").write_text(json.dumps(tcfg))
+    ckpt = variant(run_dir, tmp_path / "four", {"fc.weight": torch.randn(64, 4 * 64) * 0.02},
+                   {"aux_layer_ids": [1, 2, 3, 4], "num_aux_layers": 4})
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["target_config"]["architectures"], meta["target_dir"] = ["Gemma3ForCausalLM"], str(target)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    out = export_checkpoint(ckpt, tmp_path / fmt, fmt=fmt)
+    cfg = json.loads((out / "config.json").read_text())
+    # both engines' EAGLE-3 drafts size fc from num_aux_hidden_states first (vLLM: from the
+    # transformer_layer_config of the speculators layout), else from eagle_config's ids, else 3
+    layer = cfg if fmt == "sglang" else cfg["transformer_layer_config"]
+    assert layer["num_aux_hidden_states"] == 4 and shapes(out)["fc.weight"] == (64, 256)
+    assert cfg["curator"]["aux_layer_inputs"] == [1, 2, 3, 4]
+    if fmt == "sglang":
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2, 3]  # Gemma-3 adds one
+    loaded = load_draft(out, target_dir=target)
+    assert loaded.config.num_aux_layers == 4 and loaded.config.aux_layer_ids == [1, 2, 3, 4]
+
+
+def test_an_sglang_export_for_a_target_class_sglang_does_not_know_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    from training.errors import ModelMismatchError
+
+    ckpt = variant(run_dir, tmp_path / "arch")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["target_config"]["architectures"] = ["BrandNewForCausalLM"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelMismatchError, match="not in SGLang 0.5.23's model registry"):
+        export_checkpoint(ckpt, tmp_path / "sg", fmt="sglang")
+    assert export_checkpoint(ckpt, tmp_path / "spec", fmt="speculators").is_dir()  # vLLM reads ids as inputs

@@ -80,3 +80,50 @@ def test_user_ids_are_sorted_and_checked() -> None:
         check_layer_ids([2, 2, 58], 61)
     with pytest.raises(ModelMismatchError):
         check_layer_ids([2, 30, 62], 61)
+
+
+@pytest.mark.parametrize("arch", ["GlmMoeDsaForCausalLM", "MistralLarge3ForCausalLM"])
+def test_glm5_and_mistral_large_3_inherit_deepseeks_rule(arch: str) -> None:
+    # the issue's case: a 61-layer GLM-5 trained on inputs [3, 20, 40] is written as they are, not one lower
+    written = sglang_config_ids([3, 20, 40], arch, 61)
+    assert written == [3, 20, 40]
+    assert sglang_captured(written, arch, 61) == [3, 20, 40]
+    assert sglang_captured([2, 19, 39], arch, 61) == [2, 19, 39]  # what the old export wrote: the wrong layers
+
+
+def test_minimax_m3_vl_adds_one_to_its_default_too() -> None:
+    assert sglang_captured(None, "MiniMaxM3SparseForConditionalGeneration", 32) == [3, 17, 30]
+    assert sglang_config_ids([3, 17, 30], "MiniMaxM3SparseForConditionalGeneration", 32) is None
+    assert sglang_config_ids([2, 16, 29], "MiniMaxM3SparseForConditionalGeneration", 32) == [1, 15, 28]
+
+
+@pytest.mark.parametrize(("arch", "why"), [
+    ("NoSuchModelForCausalLM", "not in SGLang 0.5.23's model registry"),
+    (None, "not in SGLang"),
+    ("ArceeForCausalLM", "has no set_eagle3_layers_to_capture"),
+    ("MindSporeForCausalLM", "another backend"),
+])
+def test_a_class_without_a_known_rule_is_refused_not_assumed(arch: str | None, why: str) -> None:
+    with pytest.raises(ModelMismatchError, match=why):
+        sglang_config_ids([2, 16, 29], arch, 32)
+    with pytest.raises(ModelMismatchError, match=why):
+        sglang_captured(None, arch, 32)
+
+
+def test_the_rule_table_names_each_registry_class_once_with_a_known_rule() -> None:
+    from training.sglang_rules import RULE_OF_CLASS, SGLANG_CAPTURES_LAST_OUTPUT, SGLANG_RULES
+
+    names = [c for classes in SGLANG_RULES.values() for c in classes]
+    assert len(names) == len(set(names)) == len(RULE_OF_CLASS) == 290  # SGLang 0.5.23's registry
+    assert set(SGLANG_RULES) == {"plus-one", "plus-one-if-first-is-one", "keep-if-last-is-n", "plus-one-always",
+                                 "opaque", "no-eagle3"}
+    assert SGLANG_CAPTURES_LAST_OUTPUT <= {c for c, r in RULE_OF_CLASS.items() if r not in ("opaque", "no-eagle3")}
+    family = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
+              "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "MistralLarge3ForCausalLM"}
+    assert family <= set(SGLANG_RULES["plus-one-if-first-is-one"])
+
+
+def test_gemma_captures_the_last_layers_output_like_gpt_oss() -> None:
+    assert sglang_config_ids([2, 16, 32], "Gemma3ForCausalLM", 32) == [1, 15, 31]
+    with pytest.raises(ModelMismatchError, match="cannot be told"):
+        sglang_config_ids([2, 16, 32], "LlamaForCausalLM", 32)

@@ -13,7 +13,9 @@ import pytest
 
 from curator.generate import GenerateConfig, generate
 from curator.generate.client import SamplingParams
-from curator.generate.token_ids import parse_answer, sglang_request, vllm_request
+from curator.engines.sglang import token_request as sglang_request
+from curator.engines.vllm import token_request as vllm_request
+from curator.generate.token_ids import parse_answer
 from curator.mix.schema import SCHEMA, write_tables
 from fakes.token_servers import FakeSGLangServer, FakeVLLMServer
 from test_chat_templates import TOOLS, tokenizer
@@ -144,7 +146,7 @@ def test_the_conversation_ends_where_the_target_leaves_the_source_trajectory(tmp
 
 def test_request_bodies_carry_the_engines_own_fields() -> None:
     params = SamplingParams(temperature=0.0, top_p=0.9, max_tokens=7)
-    assert sglang_request([1, 2], params) == {
+    assert sglang_request([1, 2], params, "m") == {
         "input_ids": [1, 2], "stream": False,
         "sampling_params": {"temperature": 0.0, "top_p": 0.9, "max_new_tokens": 7, "skip_special_tokens": False}}
     assert vllm_request([1, 2], params, "m") == {

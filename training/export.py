@@ -1,25 +1,17 @@
-"""Export a trained draft for serving: SGLang's `LlamaForCausalLMEagle3` layout or vLLM's
-speculators `Eagle3Speculator` layout, and load either back.
+"""Export a trained draft for serving in one of the layouts of training/layouts/, and load any back.
 
-Each layout is written as its reader reads it (checked against SGLang 0.5.23, vLLM 0.33.0 and
-speculators 0.9.0):
-- the aux layer ids go into the config in the numbering that engine applies for the target's
-  class (training.layers); in the SGLang layout they are left out when they equal SGLang's own
-  default, and an export SGLang cannot be told to serve right is refused;
-- `d2t`/`t2d` are left out when the draft vocabulary is the target's (vLLM only creates its
-  `draft_id_to_target_id` when the sizes differ, and fails on a file that has one anyway);
-- the speculators layout carries `embed_tokens.weight` (speculators' own checkpoints do, and its
-  loader leaves a missing one uninitialised under transformers 5); the SGLang layout does not
-  (SGLang shares the target's);
-- the SGLang layout also carries the ids, as layer inputs, at the top level of its config, the key
-  vLLM's model runners read first, so vLLM serving that layout feeds the trained layers too;
-- `speculators_config.verifier.name_or_path` is the target's Hub id, which vLLM resolves.
+What each layout writes is its own module's business (training/layouts/sglang.py, speculators.py);
+this module does what every export shares: read and check the checkpoint (finite weights, fc and
+d2t as the config says), gather what the layout needs to know of the target, and publish the folder
+safely: one export at a time per output (a lock beside it), the temporary folders of killed exports
+swept, the new folder renamed into place.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -31,13 +23,17 @@ from safetensors.torch import save_file
 from training.checkpoint import layer_ids as checkpoint_layer_ids
 from training.checkpoint import read_checkpoint, read_weights
 from training.draft import DraftConfig, Eagle3Draft
+from training.draft_weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
-from training.layers import sglang_captured, sglang_config_ids, sglang_rule, vllm_captured
+from training.layouts import FORMATS, ExportSource, Layout, layout_named, layout_of
+from training.outlock import OutputLock
 from training.target_config import read_target_config
 from training.target_head import load_embeddings
 
-FORMATS = ("sglang", "speculators")
+__all__ = ["FORMATS", "WEIGHTS_FILE", "export_checkpoint", "is_hub_id", "load_draft", "read_export_config"]
+
 WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
 
 
 def _target_shape(meta: dict[str, Any]) -> tuple[str | None, int]:
@@ -69,52 +65,6 @@ def _verifier(meta: dict[str, Any], verifier: str | None) -> str:
     return name if is_hub_id(name) else str(meta["target_dir"])
 
 
-def _llama_fields(cfg: DraftConfig) -> dict[str, Any]:
-    """Return the Llama-config fields that describe the draft's decoder layer."""
-    return {
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": cfg.rope_scaling,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "bfloat16",
-    }
-
-
-def _same_vocab(weights: dict[str, torch.Tensor]) -> bool:
-    """Return whether the draft vocabulary is the whole target vocabulary, in order."""
-    d2t, t2d = weights["d2t"], weights["t2d"]
-    return d2t.numel() == t2d.numel() and not bool(d2t.any()) and bool(t2d.all())
-
-
-def _serving_weights(
-    weights: dict[str, torch.Tensor], fmt: str, embeddings: torch.Tensor | None
-) -> dict[str, torch.Tensor]:
-    """Return the weights renamed for `fmt`, floats in bf16, with `embeddings` only when given."""
-    out = {}
-    drop = {"embed_tokens.weight"} | ({"d2t", "t2d"} if _same_vocab(weights) else set())
-    if embeddings is not None:
-        out["embed_tokens.weight"] = embeddings.to(torch.bfloat16).contiguous()
-    for name, t in weights.items():
-        if name in drop:
-            continue
-        if fmt == "speculators" and name.startswith("midlayer."):
-            name = "layers.0." + name[len("midlayer.") :]
-        out[name] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous()
-    return out
-
-
 def export_checkpoint(
     ckpt_dir: str | Path, out_dir: str | Path, fmt: str = "sglang", *, verifier: str | None = None,
     target_dir: str | Path | None = None,
@@ -124,76 +74,76 @@ def export_checkpoint(
     `verifier` is the target's Hub id for the speculators layout; `target_dir` overrides where the
     target's embeddings are read from (speculators layout) when the recorded folder moved.
     """
-    if fmt not in FORMATS:
-        raise TrainingError(f"unknown export format {fmt!r}; choose one of {FORMATS}")
+    layout = layout_named(fmt)
     ckpt, meta, weights = read_checkpoint(ckpt_dir)
     cfg = DraftConfig.from_dict(meta["draft_config"])
+    check_servable(weights, cfg, f"checkpoint {ckpt}")
     ids = checkpoint_layer_ids(meta)
+    if len(ids) != cfg.num_aux_layers:
+        raise ModelMismatchError(f"checkpoint {ckpt} records {len(ids)} aux layers {ids} but its fc fuses "
+                                 f"{cfg.num_aux_layers}; re-train or fix its meta.json")
     arch, num_layers = _target_shape(meta)
-    target_cfg = meta.get("target_config") or {}
-    provenance = {"checkpoint": str(ckpt.resolve()), "step": meta["step"], "target_dir": meta["target_dir"],
-                  "vocab": meta.get("vocab", {}), "ttt_steps": meta.get("ttt_steps"),
-                  # the layers the draft was trained on, as layer inputs, whatever the engine's numbering
-                  "aux_layer_inputs": ids, "split": meta.get("split")}
+    source = ExportSource(
+        draft=cfg, layer_inputs=ids, target_architecture=arch, target_layers=num_layers,
+        target_config=meta.get("target_config") or {}, verifier=_verifier(meta, verifier),
+        speculative_tokens=min(3, int(meta.get("ttt_steps") or 3)),
+        provenance={"checkpoint": str(ckpt.resolve()), "step": meta["step"], "target_dir": meta["target_dir"],
+                    "vocab": meta.get("vocab", {}), "ttt_steps": meta.get("ttt_steps"),
+                    # the layers the draft was trained on, as layer inputs, whatever the engine's numbering
+                    "aux_layer_inputs": ids, "split": meta.get("split")},
+    )
+    config = layout.config(source)  # refuses what the layout's engines cannot serve as trained
     embeddings = None
-    if fmt == "sglang":
-        config_ids = sglang_config_ids(ids, arch, num_layers)
-        eagle_config: dict[str, Any] = {"use_aux_hidden_state": True}
-        if config_ids is not None:
-            eagle_config["eagle_aux_hidden_state_layer_ids"] = config_ids
-        config: dict[str, Any] = {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            **_llama_fields(cfg),
-            "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size,
-            "eagle_config": eagle_config,
-            # vLLM serving this layout reads the top-level key first (both of its model runners), as
-            # layer inputs; SGLang's LlamaForCausalLMEagle3 reads only eagle_config's (the top-level
-            # one counts the aux layers there, and the count is the same)
-            "eagle_aux_hidden_state_layer_ids": ids,
-            "curator": {**provenance, "sglang_layer_rule": sglang_rule(arch), "target_architecture": arch},
-        }
-    else:
-        source = target_dir or meta["target_dir"]
-        if not Path(str(source)).exists():
-            raise TrainingError(f"the target folder {source} is gone; pass --target with the target's model folder "
-                                "(the speculators layout carries the target's embeddings)")
-        embeddings = load_embeddings(source)
-        config = {
-            "architectures": ["Eagle3Speculator"],
-            "speculators_model_type": "eagle3",
-            "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **_llama_fields(cfg)},
-            "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size,
-            "norm_before_residual": False,
-            "eagle_aux_hidden_state_layer_ids": ids,
-            "speculators_config": {
-                "algorithm": "eagle3",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": min(3, int(meta.get("ttt_steps") or 3))}],
-                "default_proposal_method": "greedy",
-                "verifier": {
-                    "name_or_path": _verifier(meta, verifier),
-                    "architectures": target_cfg.get("architectures") or [],
-                },
-            },
-            "torch_dtype": "bfloat16",
-            "curator": provenance,
-        }
-    out = Path(out_dir).resolve()
+    if layout.carries_embeddings:
+        origin = target_dir or meta["target_dir"]
+        if not Path(str(origin)).exists():
+            raise TrainingError(f"the target folder {origin} is gone; pass --target with the target's model folder "
+                                f"(the {layout.name} layout carries the target's embeddings)")
+        embeddings = load_embeddings(origin)
+    return _publish(Path(out_dir).resolve(), layout.file_weights(weights, embeddings), config)
+
+
+def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.mkdir()
-    try:
-        save_file(_serving_weights(weights, fmt, embeddings), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)  # an earlier export only (_check_replaceable)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
+    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export"):
+        _check_replaceable(out)
+        _sweep_stale(out)  # under the lock: no live export of `out` owns any of them
+        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}.tmp")
+        tmp.mkdir()
+        old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}.tmp")
+        try:
+            save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+            if out.exists():
+                os.replace(out, old)  # an earlier export only (_check_replaceable); removed once replaced
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not out.exists():
+                os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _sweep_stale(out: Path) -> list[Path]:
+    """Remove the temporary folders killed exports of `out` left beside it; return them.
+
+    Only folders by our own temporary name for this output (`.NAME.<6 hex>.tmp`) holding nothing but
+    an export's files are taken: a folder of the user's that happens to match is kept.
+    """
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}\.tmp")
+    removed = []
+    for path in out.parent.iterdir():
+        if not pattern.fullmatch(path.name) or path.is_symlink() or not path.is_dir():
+            continue
+        if {p.name for p in path.iterdir()} <= {CONFIG_FILE, WEIGHTS_FILE}:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _check_replaceable(out: Path) -> None:
@@ -202,7 +152,7 @@ def _check_replaceable(out: Path) -> None:
         return
     if not out.is_dir():
         raise TrainingError(f"--out {out} is a file; export into a new or empty directory")
-    others = sorted(p.name for p in out.iterdir() if p.name not in {"config.json", WEIGHTS_FILE})
+    others = sorted(p.name for p in out.iterdir() if p.name not in {CONFIG_FILE, WEIGHTS_FILE})
     if others:
         raise TrainingError(
             f"--out {out} holds other files ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); "
@@ -210,94 +160,39 @@ def _check_replaceable(out: Path) -> None:
         )
 
 
-def export_format(config: dict[str, Any]) -> str:
-    """Return which layout an exported config.json is: "sglang" or "speculators"."""
-    arch = (config.get("architectures") or [""])[0]
-    if arch == "LlamaForCausalLMEagle3":
-        return "sglang"
-    if arch == "Eagle3Speculator":
-        return "speculators"
-    raise ModelMismatchError(f"config.json architecture {arch!r} is not an EAGLE-3 draft this toolkit exports")
-
-
-def config_layer_ids(config: dict[str, Any]) -> list[int] | None:
-    """Return the aux layer ids written in an export's config, in its engine's numbering (None: none)."""
-    if export_format(config) == "sglang":
-        ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    else:
-        ids = config.get("eagle_aux_hidden_state_layer_ids")
-    return [int(i) for i in ids] if ids else None
-
-
-def served_layer_inputs(config: dict[str, Any], target_config: dict[str, Any] | None) -> list[int]:
-    """Return the target layers (as inputs) the export's engine feeds the draft.
-
-    Needs the target's config when the layout's numbering depends on it (SGLang's per-class rule,
-    or no ids written at all); without it, an export of this toolkit answers from its record.
-    """
-    ids = config_layer_ids(config)
-    if target_config is None or not target_config.get("num_hidden_layers"):
-        recorded = (config.get("curator") or {}).get("aux_layer_inputs")
-        if recorded:
-            return sorted(int(i) for i in recorded)
-        if export_format(config) == "speculators" and ids:
-            return vllm_captured(ids, max(ids) + 1)
-        raise ModelMismatchError("the draft's layers depend on the target; pass the target's model folder")
-    n = int(target_config["num_hidden_layers"])
-    if export_format(config) == "sglang":
-        return sglang_captured(ids, (target_config.get("architectures") or [None])[0], n)
-    return vllm_captured(ids, n)
-
-
-def _config_from_export(config: dict[str, Any], target_config: dict[str, Any] | None) -> tuple[DraftConfig, str]:
-    """Return (draft config, format) read from an exported config.json."""
-    fmt = export_format(config)
-    layer = config if fmt == "sglang" else config["transformer_layer_config"]
-    layer_ids = served_layer_inputs(config, target_config)
-    cfg = DraftConfig(
-        hidden_size=int(layer["hidden_size"]),
-        target_hidden_size=int(config.get("target_hidden_size") or layer["hidden_size"]),
-        num_attention_heads=int(layer["num_attention_heads"]),
-        num_key_value_heads=int(layer["num_key_value_heads"]),
-        head_dim=layer.get("head_dim"),
-        intermediate_size=int(layer["intermediate_size"]),
-        vocab_size=int(layer["vocab_size"]),
-        draft_vocab_size=int(config["draft_vocab_size"]),
-        num_aux_layers=len(layer_ids) or 3,
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(layer.get("rope_theta", 10000.0)),
-        rope_scaling=layer.get("rope_scaling"),
-        max_position_embeddings=int(layer.get("max_position_embeddings", 8192)),
-        aux_layer_ids=[int(i) for i in layer_ids],
-    )
-    return cfg, fmt
-
-
-def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> Eagle3Draft:
-    """Return the draft in an export directory (either layout), float32, in eval mode.
-
-    Embeddings come from the export when it has them, else from `target_dir` (or the target
-    recorded at export time when that directory still exists).
-    """
+def read_export_config(export_dir: str | Path) -> dict[str, Any]:
+    """Return an export's config.json as a dict; TrainingError when it is missing or not a JSON object."""
     root = Path(export_dir)
     try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise TrainingError(f"{root} is not an exported draft (config.json unreadable: {exc})") from exc
     if not isinstance(config, dict):
         raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
+    return config
+
+
+def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> Eagle3Draft:
+    """Return the draft in an export directory (any layout), float32, in eval mode.
+
+    Embeddings come from the export when it has them, else from `target_dir` (or the target
+    recorded at export time when that directory still exists). Non-finite or mis-shaped weights are
+    refused (ModelMismatchError).
+    """
+    root = Path(export_dir)
+    config = read_export_config(root)
     target = target_dir or (config.get("curator") or {}).get("target_dir")
     target_config = read_target_config(target) if target and Path(target).exists() else None
+    layout: Layout = layout_of(config)
     try:
-        cfg, fmt = _config_from_export(config, target_config)
+        cfg = layout.draft_config(config, target_config)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelMismatchError(f"{root}/config.json lacks or garbles a field the draft needs ({exc!r}); "
                                  "re-export the draft with curator export") from exc
-    weights = read_weights(root / WEIGHTS_FILE)
-    if fmt == "speculators":
-        weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in weights.items()}
-    draft = Eagle3Draft(cfg)
+    weights = layout.internal_weights(read_weights(root / WEIGHTS_FILE))
     weights = {k: (v.float() if v.is_floating_point() else v) for k, v in weights.items()}
+    check_servable(weights, cfg, f"export {root}")
+    draft = Eagle3Draft(cfg)
     missing, unexpected = draft.load_state_dict(weights, strict=False)
     # d2t/t2d are left out of an export whose draft vocabulary is the target's (identity maps)
     optional = {"embed_tokens.weight"} | ({"d2t", "t2d"} if cfg.draft_vocab_size == cfg.vocab_size else set())

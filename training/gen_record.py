@@ -3,6 +3,8 @@
 Written by curator (curator/generate/conversation.py), read by training (hidden states, plan). It
 lives in training/ because training may not import curator; curator imports it from here.
 
+    format     "curator-generation/1" (RECORD_FORMAT); a record without one is read as version 1,
+               one of another version is malformed (written by a toolkit this one cannot read)
     id, source, category, turns, model       where the conversation came from
     messages   [{role, content, train, reasoning_content?, tool_calls?, tool_call_id?, name?}]
                assistant `tool_calls` in OpenAI shape: {id, type: "function",
@@ -31,6 +33,8 @@ from typing import Any
 
 from training.text import is_valid_unicode
 
+RECORD_FORMAT = "curator-generation/1"
+READABLE_RECORD_FORMATS = (RECORD_FORMAT,)
 ROLES = ("system", "user", "assistant", "tool")
 MODES = ("token", "text")
 
@@ -99,6 +103,9 @@ def record_problem(record: Any) -> str | None:
     """Return why a generation record is malformed (the one rule every reader applies), or None."""
     if not isinstance(record, dict):
         return "not a JSON object"
+    fmt = record.get("format", RECORD_FORMAT)
+    if fmt not in READABLE_RECORD_FORMATS:
+        return f"format is {fmt!r}; this toolkit reads {', '.join(READABLE_RECORD_FORMATS)} (upgrade it, or regenerate)"
     if not isinstance(record.get("id"), str) or not record["id"]:
         return "no string id"
     problem = messages_problem(record.get("messages"))

@@ -9,14 +9,12 @@ layer L-1. Id N (N = number of layers) is the last layer's output before the fin
 kept sorted: both engines concatenate the captured states in layer order, whatever order a config
 lists them in, so a draft trained on another order would see its fc inputs permuted.
 
-Engines read the ids in a draft's config.json differently (checked in SGLang 0.5.23's model
-files and vLLM 0.33.0):
-- SGLang, `set_eagle3_layers_to_capture` on the target class: no ids -> inputs of
-  [2, N//2, N-3]; most classes (llama, qwen2/3, qwen3_moe, glm4_moe, gemma, minimax, ...) add 1
-  (the ids are layer *outputs* there); deepseek_v2 (DeepSeek-V2/V3, Kimi-K2.x) and
-  glm4_moe_lite add 1 only when the first id is 1; gpt_oss keeps the ids when the largest is N,
-  else adds 1. The model loop captures the input of layer i for i in range(N) (gpt_oss also the
-  last layer's output, id N), so an id past the model is silently never captured.
+Engines read the ids in a draft's config.json differently:
+- SGLang: the target class's `set_eagle3_layers_to_capture` maps them; its rule for every class of
+  SGLang's registry is the table in training.sglang_rules (read from SGLang's code). The model loop
+  captures the input of layer i for i in range(N) (a few classes also the last output, id N), so an
+  id past the model is silently never captured. A class the table does not know, or one SGLang
+  cannot serve EAGLE-3 for, is refused rather than assumed.
 - vLLM and speculators take the ids as layer inputs, as they are.
 """
 
@@ -26,28 +24,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from training.errors import ModelMismatchError
+from training.sglang_rules import RULE_OF_CLASS, SGLANG_CAPTURES_LAST_OUTPUT, SGLANG_VERSION
 
 CONVENTION = "layer-input"
 # Conventions a store or checkpoint may record -> offset to the toolkit's numbering. "sglang-input"
 # is the name earlier stores used for the same numbering as CONVENTION.
 _OFFSET = {CONVENTION: 0, "sglang-input": 0, "output": 1, "specforge-output": 1}
-
-SGLANG_VERSION = "0.5.23"
-# SGLang target classes (config.json `architectures[0]`) whose rule is not "add 1".
-_SGLANG_FIRST_IS_ONE = frozenset({
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
-    "KimiK25ForConditionalGeneration",  # delegates to its DeepSeek-V3 language model
-    "Glm4MoeLiteForCausalLM",
-})
-_SGLANG_KEEP_IF_LAST = frozenset({"GptOssForCausalLM"})
-# Classes whose rule was read in SGLang's source ("add 1"); others get that rule too, unverified.
-_SGLANG_PLUS_ONE = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Glm4MoeForCausalLM",
-    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM", "MiniMaxM2ForCausalLM",
-    "ApertusForCausalLM", "BailingMoeV2ForCausalLM", "LongcatFlashForCausalLM", "Llama4ForConditionalGeneration",
-})
-
 
 def default_aux_layers(num_layers: int) -> list[int]:
     """Return the default aux layer ids: SGLang's [2, N//2, N-3] ([1, N//2, N-1] for N < 7)."""
@@ -89,36 +71,43 @@ def normalise(layer_ids: Sequence[Any], convention: str) -> list[int]:
 
 
 def sglang_rule(architecture: str | None) -> str:
-    """Return how SGLang maps config ids to captured layer inputs for a target class."""
-    if architecture in _SGLANG_FIRST_IS_ONE:
-        return "plus-one-if-first-is-one"
-    if architecture in _SGLANG_KEEP_IF_LAST:
-        return "keep-if-last-is-n"
-    return "plus-one"
+    """Return how SGLang maps config ids to captured layer inputs for a target class; raise for a class
+    whose rule is not known or that SGLang cannot serve an EAGLE-3 draft on."""
+    rule = RULE_OF_CLASS.get(architecture or "")
+    if rule is None:
+        raise ModelMismatchError(
+            f"target class {architecture!r} is not in SGLang {SGLANG_VERSION}'s model registry, so which layers "
+            "SGLang would feed the draft is unknown; serve with vLLM (export --format speculators) or add the "
+            "class to training/sglang_rules.py from SGLang's code (docs/adding-a-layout-or-engine.md)")
+    if rule == "no-eagle3":
+        raise ModelMismatchError(
+            f"SGLang {SGLANG_VERSION}'s {architecture} has no set_eagle3_layers_to_capture: SGLang refuses EAGLE3 "
+            "on this target at start-up; serve the draft with vLLM (export --format speculators)")
+    if rule == "opaque":
+        raise ModelMismatchError(
+            f"SGLang {SGLANG_VERSION}'s {architecture} hands the layer ids to another backend whose rule is not "
+            "in SGLang's code; the layers it would feed the draft cannot be checked")
+    return rule
 
 
-def sglang_rule_verified(architecture: str | None) -> bool:
-    """Return whether the class's rule was read in SGLang's source (else "plus-one" is assumed)."""
-    return architecture in _SGLANG_FIRST_IS_ONE | _SGLANG_KEEP_IF_LAST | _SGLANG_PLUS_ONE
+def sglang_layers_to_capture(config_ids: Sequence[int] | None, architecture: str | None, num_layers: int) -> list[int]:
+    """Return the `layers_to_capture` list SGLang's `set_eagle3_layers_to_capture` sets for a target class."""
+    n = num_layers
+    rule = sglang_rule(architecture)
+    ids = [2, n // 2, n - 3] if config_ids is None else [int(i) for i in config_ids]
+    if rule == "plus-one-always" or (config_ids is not None and (
+            rule == "plus-one"
+            or (rule == "plus-one-if-first-is-one" and ids and ids[0] == 1)
+            or (rule == "keep-if-last-is-n" and not (ids and max(ids) == n)))):
+        return [i + 1 for i in ids]
+    return ids
 
 
 def sglang_captured(config_ids: Sequence[int] | None, architecture: str | None, num_layers: int) -> list[int]:
     """Return the layer inputs SGLang captures, in order, for a draft config holding `config_ids`."""
-    n = num_layers
-    if config_ids is None:
-        wanted = [2, n // 2, n - 3]
-    else:
-        ids = [int(i) for i in config_ids]
-        rule = sglang_rule(architecture)
-        if rule == "plus-one-if-first-is-one":
-            wanted = [i + 1 for i in ids] if ids and ids[0] == 1 else ids
-        elif rule == "keep-if-last-is-n":
-            wanted = ids if ids and max(ids) == n else [i + 1 for i in ids]
-        else:
-            wanted = [i + 1 for i in ids]
-    top = n if sglang_rule(architecture) == "keep-if-last-is-n" else n - 1
+    top = num_layers if architecture in SGLANG_CAPTURES_LAST_OUTPUT else num_layers - 1
     # the model's loop visits layers in order and tests membership: order and repeats vanish
-    return sorted({i for i in wanted if 0 <= i <= top})
+    return sorted({i for i in sglang_layers_to_capture(config_ids, architecture, num_layers) if 0 <= i <= top})
 
 
 def sglang_config_ids(layer_ids: Sequence[int], architecture: str | None, num_layers: int) -> list[int] | None:
@@ -136,7 +125,7 @@ def sglang_config_ids(layer_ids: Sequence[int], architecture: str | None, num_la
     raise ModelMismatchError(
         f"SGLang {SGLANG_VERSION} cannot be told to capture the inputs of layers {ids} of a {architecture} target "
         f"with {num_layers} layers (its rule: {sglang_rule(architecture)}); capture and train on other layers, "
-        "e.g. the default"
+        "e.g. the default, or serve with vLLM (export --format speculators)"
     )
 
 

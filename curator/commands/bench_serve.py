@@ -40,6 +40,7 @@ def bench_serve_command(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
 ) -> int:
     """Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup."""
+    from curator.engines import ENGINES
     from curator.serve_bench.client import Endpoint
     from curator.serve_bench.prompts import load_bench_prompts
     from curator.serve_bench.run import bench_serve
@@ -47,7 +48,7 @@ def bench_serve_command(
     levels = _concurrencies(concurrency or ["1"])
     draft_ep = Endpoint(engine, endpoint, served_model or "")
     base_ep = Endpoint(baseline_engine or engine, baseline, served_model or "") if baseline else None
-    needs_ids = "sglang" in (draft_ep.engine, base_ep.engine if base_ep else "")
+    needs_ids = any(ENGINES[ep.engine].BENCH_TAKES_TOKEN_IDS for ep in (draft_ep, base_ep) if ep is not None)
     if needs_ids and tokenizer is None:
         raise ConfigError("SGLang's /generate takes token ids: pass --tokenizer (the target's local model directory)")
     chosen, source = load_bench_prompts(prompts, draft_dir=draft, tokenizer_dir=tokenizer if needs_ids else None,

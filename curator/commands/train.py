@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -13,6 +12,7 @@ from rich.markup import escape
 from rich.progress import TextColumn
 
 from curator.errors import CatalogError, ConfigError
+from curator.loss_report import LOSS_NOTE, loss_text
 from curator.ui import console, progress, rows_table, summary_table
 from training.errors import TrainingError
 from training.train_config import TrainConfig, load_run_config
@@ -23,19 +23,6 @@ if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a us
 
 def _fmt_acc(values: list[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
-
-
-def loss_text(record: dict[str, Any]) -> str:
-    """Return the loss as a reader should take it: the KL to the target where the record holds
-    the target's entropy, else the cross-entropy, named so (its floor is that entropy, not 0)."""
-    if record.get("target_entropy") is not None:
-        return f"KL {record['loss'] - record['target_entropy']:.3f}"
-    return f"CE {record['loss']:.3f}"
-
-
-LOSS_NOTE = ("CE: soft cross-entropy against the target's distribution on the draft vocabulary, summed over TTT "
-             "steps with weights 0.8^k. It includes the target's own entropy, so it levels off above 0: "
-             "read the accuracies and the accept length for progress.")
 
 
 def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> None:
@@ -120,16 +107,16 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export import FORMATS, export_checkpoint, is_hub_id
+    from training.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
+    from training.layouts import layout_named
 
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
     path = export_checkpoint(checkpoint, out, fmt=format, verifier=verifier, target_dir=target)
-    if format == "speculators":
-        name = json.loads((path / "config.json").read_text(encoding="utf-8"))["speculators_config"]["verifier"]["name_or_path"]
-        if not is_hub_id(name):
-            console.print(f"[yellow]warning:[/] the verifier is the local folder {escape(name)}; `vllm serve` needs the "
-                          "target's Hub id: export again with --verifier ORG/NAME", highlight=False)
+    name = layout_named(format).verifier(read_export_config(path))
+    if name is not None and not is_hub_id(name):
+        console.print(f"[yellow]warning:[/] the verifier is the local folder {escape(name)}; `vllm serve` needs the "
+                      "target's Hub id: export again with --verifier ORG/NAME", highlight=False)
     console.print(summary_table("curator export", [("format", format), ("out", str(path)),
                                                     ("files", ", ".join(sorted(p.name for p in path.iterdir())))]))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from curator.commands.train import LOSS_NOTE
+from curator.loss_report import LOSS_NOTE
 from curator.ui import human_bytes
 from training.atomic import write_text
 

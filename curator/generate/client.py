@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -27,8 +27,13 @@ from curator.http import RetryPolicy
 DEFAULT_TIMEOUT_S = 1800.0  # a whole 4K-token answer of a large model under load
 JSON_HEADERS = {"Content-Type": "application/json"}
 
-if TYPE_CHECKING:
-    from curator.generate.token_ids import TokenMode
+
+class TokenRequests(Protocol):
+    """Token-exact requests (curator/generate/token_ids.py builds them; this module needs only their shape)."""
+
+    def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
+
+    def completion(self, payload: Any, request: Any, endpoint: str, latency_s: float) -> Completion: ...
 
 
 @dataclass(frozen=True)
@@ -257,7 +262,7 @@ class OpenAIBackend:
         retry: RetryPolicy = RetryPolicy(),
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_answer_bytes: int = http.DEFAULT_MAX_ANSWER_BYTES,
-        tokens: TokenMode | None = None,
+        tokens: TokenRequests | None = None,
     ) -> None:
         if not urls:
             raise EndpointError("no endpoint given (pass --endpoint http://host:port)")

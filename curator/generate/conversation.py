@@ -23,7 +23,7 @@ from typing import Any
 
 from curator.generate.client import Completion
 from curator.mix.schema import MixRow, answer_points
-from training.gen_record import generation
+from training.gen_record import RECORD_FORMAT, generation
 
 # (history so far, endpoint of the previous turn, tools offered) -> the target's answer
 Ask = Callable[[Sequence[dict[str, Any]], str | None, list[dict[str, Any]] | None], Awaitable[Completion]]
@@ -133,6 +133,7 @@ def output_record(row: MixRow, result: Regenerated, model: str,
     every answer's, so a reader can drop conversations cut off at max_tokens in any turn.
     """
     return {
+        "format": RECORD_FORMAT,
         "id": row.id,
         "source": row.source,
         "category": row.category,

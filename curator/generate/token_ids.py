@@ -1,21 +1,8 @@
 """Token-exact generation: each prompt rendered with the target's own chat template (tools included),
 sent to the engine as token ids, and the ids the target produced kept as they are.
 
-The engines' fields, checked in their source (SGLang 0.5.x `srt/managers/io_struct.py`
-GenerateReqInput and `tokenizer_manager.py`'s output dict; vLLM 0.1x `entrypoints/openai/protocol.py`
-CompletionRequest and CompletionResponseChoice):
-
-SGLang, native `POST /generate`
-    request   {"input_ids": [int], "sampling_params": {"temperature", "top_p", "max_new_tokens",
-               "skip_special_tokens"}, "stream": false}
-    response  {"text": str, "output_ids": [int], "meta_info": {"id", "finish_reason": {"type":
-               "stop" | "length" | "abort", "matched": int | str | null, "length"?, "message"?},
-               "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"}}
-vLLM, `POST /v1/completions` with a token-id prompt
-    request   {"model", "prompt": [int], "max_tokens", "temperature", "top_p",
-               "return_token_ids": true, "skip_special_tokens": false}
-    response  {"choices": [{"index", "text", "finish_reason", "stop_reason", "token_ids",
-               "prompt_token_ids"}], "usage": {"prompt_tokens", "completion_tokens"}}
+What each engine is sent and answers (SGLang's native `/generate`, vLLM's `/v1/completions` with a
+token-id prompt) is its own module's: curator/engines/sglang.py and vllm.py.
 
 An engine that answers without the completion ids (an older vLLM ignores return_token_ids) is used
 in text mode for that answer, and the record says so. An engine that did not take the prompt ids
@@ -30,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from curator.engines import ENGINES
+from curator.engines.answer import AnswerError
 from curator.generate.client import Completion, RequestError, SamplingParams, split_reasoning
 from training.chat_tokens import MalformedRecordError, render, template_messages
 
 Engine = Literal["sglang", "vllm"]
-ENGINE_PATHS: dict[str, str] = {"sglang": "/generate", "vllm": "/v1/completions"}
 
 
 @dataclass
@@ -44,100 +32,6 @@ class TokenRequest:
     path: str
     body: dict[str, Any]
     prompt_ids: list[int]
-
-
-@dataclass
-class EngineAnswer:
-    """What an engine sent back: the completion ids (None: it sent only text) and its bookkeeping."""
-
-    completion_ids: list[int] | None
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    stop_token: int | None = None  # the end token the engine stopped on, when it names one
-
-
-def sglang_request(prompt_ids: Sequence[int], params: SamplingParams) -> dict[str, Any]:
-    """Return the body of SGLang's native /generate request for prompt ids."""
-    sampling: dict[str, Any] = {"temperature": params.temperature, "max_new_tokens": params.max_tokens,
-                                "skip_special_tokens": False}
-    if params.top_p is not None:
-        sampling["top_p"] = params.top_p
-    return {"input_ids": list(prompt_ids), "sampling_params": sampling, "stream": False}
-
-
-def vllm_request(prompt_ids: Sequence[int], params: SamplingParams, model: str) -> dict[str, Any]:
-    """Return the body of a vLLM /v1/completions request with a token-id prompt that asks for the ids back."""
-    body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
-                            "temperature": params.temperature, "return_token_ids": True,
-                            "skip_special_tokens": False, "stream": False}
-    if params.top_p is not None:
-        body["top_p"] = params.top_p
-    return body
-
-
-def _malformed(endpoint: str, what: str) -> RequestError:
-    return RequestError(f"malformed answer from {endpoint}: {what}", status=200, permanent=False, endpoint=endpoint)
-
-
-def _ignored_prompt(endpoint: str, detail: str) -> RequestError:
-    return RequestError(f"{endpoint} did not take the prompt token ids as sent ({detail}); "
-                        "token-exact generation needs an engine that accepts them", status=200, permanent=True,
-                        endpoint=endpoint)
-
-
-def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
-
-
-def parse_sglang(payload: Any, prompt_ids: Sequence[int], endpoint: str) -> EngineAnswer:
-    """Return the answer in a /generate response; RequestError when it is not one or the prompt was not taken."""
-    if not isinstance(payload, Mapping) or not isinstance(payload.get("meta_info"), Mapping):
-        raise _malformed(endpoint, "no meta_info in the /generate response")
-    meta = payload["meta_info"]
-    finish = meta.get("finish_reason")
-    kind = finish.get("type") if isinstance(finish, Mapping) else finish
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, Mapping) else None
-        raise RequestError(f"{endpoint} aborted the request: {message or 'no reason given'}", status=200,
-                           permanent=False, endpoint=endpoint)
-    prompt_tokens = meta.get("prompt_tokens")
-    if isinstance(prompt_tokens, int) and prompt_tokens != len(prompt_ids):
-        raise _ignored_prompt(endpoint, f"it counted {prompt_tokens} prompt tokens, {len(prompt_ids)} were sent")
-    ids = payload.get("output_ids")
-    matched = finish.get("matched") if isinstance(finish, Mapping) else None
-    return EngineAnswer(
-        completion_ids=list(ids) if _int_list(ids) else None,
-        text=str(payload.get("text") or ""),
-        finish_reason=str(kind or "unknown"),
-        prompt_tokens=int(prompt_tokens or len(prompt_ids)),
-        completion_tokens=int(meta.get("completion_tokens") or (len(ids) if _int_list(ids) else 0)),
-        stop_token=matched if isinstance(matched, int) and not isinstance(matched, bool) else None,
-    )
-
-
-def parse_vllm(payload: Any, prompt_ids: Sequence[int], endpoint: str) -> EngineAnswer:
-    """Return the answer in a /v1/completions response; RequestError when it is not one or the prompt was not taken."""
-    try:
-        choice = payload["choices"][0]
-        text = choice["text"]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise _malformed(endpoint, f"no choices[0].text ({type(exc).__name__})") from exc
-    echoed = choice.get("prompt_token_ids")
-    if echoed is not None and list(echoed) != list(prompt_ids):
-        raise _ignored_prompt(endpoint, "prompt_token_ids differ from the ids sent")
-    usage = payload.get("usage") or {}
-    ids = choice.get("token_ids")
-    stop = choice.get("stop_reason")
-    return EngineAnswer(
-        completion_ids=list(ids) if _int_list(ids) else None,
-        text=str(text or ""),
-        finish_reason=str(choice.get("finish_reason") or "unknown"),
-        prompt_tokens=int(usage.get("prompt_tokens") or len(prompt_ids)),
-        completion_tokens=int(usage.get("completion_tokens") or (len(ids) if _int_list(ids) else 0)),
-        stop_token=stop if isinstance(stop, int) and not isinstance(stop, bool) else None,
-    )
 
 
 # ------------------------------------------------------------------------------ the answer's structure
@@ -210,6 +104,19 @@ def _harmony(text: str) -> tuple[str, str | None, ToolCalls]:
     return (final.group(1) if final else ""), ("\n".join(reasoning) or None), calls
 
 
+# The tokens that end a turn or the sequence in each template format: the only ones stripped from a
+# completion before its structure is read. Tool-call markers are often special tokens too (Kimi-K2's
+# <|tool_call_end|>, DeepSeek's <｜tool▁calls▁end｜>), and stripping them loses the call.
+END_OF_TURN: dict[str, tuple[str, ...]] = {
+    "hermes": ("<|im_end|>", "<|endoftext|>"),
+    "kimi": ("<|im_end|>", "[EOS]"),
+    "llama3": ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+    "deepseek": ("<｜end▁of▁sentence｜>",),
+    "harmony": ("<|return|>", "<|end|>"),  # <|call|> closes a call: the harmony reader needs it
+    "none": (),
+}
+
+
 def answer_format(chat_template: str) -> str:
     """Return the tool-call format a chat template writes (hermes, kimi, llama3, deepseek, harmony, none)."""
     template = chat_template or ""
@@ -272,28 +179,32 @@ class TokenMode:
     """Builds token-id requests for one engine and turns its answers into Completions with ids."""
 
     def __init__(self, renderer: PromptRenderer, engine: Engine, model: str, params: SamplingParams) -> None:
-        if engine not in ENGINE_PATHS:
-            raise ValueError(f"engine must be one of {', '.join(ENGINE_PATHS)}, not {engine!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         self.renderer = renderer
         self.tokenizer = renderer.tokenizer
         self.format = renderer.format
         self.engine = engine
         self.model = model
         self.params = params
-        self._end_strings = sorted({s for s in getattr(self.tokenizer, "all_special_tokens", []) if s}, key=len,
-                                   reverse=True)
+        self._specials = sorted({s for s in getattr(self.tokenizer, "all_special_tokens", []) if s}, key=len,
+                                reverse=True)
+        eos = getattr(self.tokenizer, "eos_token", None)
+        self._end_strings = {*END_OF_TURN[self.format], *([eos] if isinstance(eos, str) and eos else [])}
         self.vocab = len(self.tokenizer)  # ids at or past this cannot be decoded, checked, or embedded later
 
     def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> TokenRequest:
         """Return the engine request for the target's answer to `messages`."""
         ids = self.renderer.prompt_ids(messages, tools)
-        body = sglang_request(ids, self.params) if self.engine == "sglang" else vllm_request(ids, self.params, self.model)
-        return TokenRequest(ENGINE_PATHS[self.engine], body, ids)
+        engine = ENGINES[self.engine]
+        return TokenRequest(engine.GENERATE_PATH, engine.token_request(ids, self.params, self.model), ids)
 
     def completion(self, payload: Any, request: TokenRequest, endpoint: str, latency_s: float) -> Completion:
         """Return the Completion in an engine's answer, with its ids (or in text mode when it sent none)."""
-        parse = parse_sglang if self.engine == "sglang" else parse_vllm
-        answer = parse(payload, request.prompt_ids, endpoint)
+        try:
+            answer = ENGINES[self.engine].parse_token_answer(payload, request.prompt_ids, endpoint)
+        except AnswerError as exc:
+            raise RequestError(str(exc), status=200, permanent=exc.permanent, endpoint=endpoint) from exc
         ids = answer.completion_ids
         if ids is None:
             content, reasoning, calls = parse_answer(answer.text, self.format)
@@ -311,16 +222,19 @@ class TokenMode:
             raise RequestError(f"{endpoint} returned token ids that do not decode to its text "
                                f"({len(ids)} ids decode to {decoded[:60]!r}, text is {answer.text[:60]!r})",
                                status=200, permanent=True, endpoint=endpoint)
-        content, reasoning, calls = parse_answer(self._strip_end(decoded), self.format)
+        stop = self.tokenizer.decode([answer.stop_token], skip_special_tokens=False) if answer.stop_token is not None else None
+        content, reasoning, calls = parse_answer(self._strip_end(decoded, stop), self.format)
         return Completion(content, reasoning, answer.finish_reason, len(request.prompt_ids), len(ids), endpoint,
                           latency_s, tool_calls=calls or None, prompt_ids=request.prompt_ids, completion_ids=ids,
                           mode="token")
 
-    def _strip_end(self, text: str) -> str:
+    def _strip_end(self, text: str, stop: str | None = None) -> str:
+        """Return `text` without its trailing end-of-turn/end-of-sequence tokens (and the engine's stop token)."""
+        ends = sorted(self._end_strings | ({stop} if stop else set()), key=len, reverse=True)
         changed = True
         while changed:
             changed = False
-            for s in self._end_strings:
+            for s in ends:
                 if text.endswith(s):
                     text, changed = text[: -len(s)], True
         return text
@@ -329,7 +243,7 @@ class TokenMode:
         # Engines leave the stop token out of their text (and may strip other specials): compare
         # with the special-token strings taken out of both.
         def plain(s: str) -> str:
-            for special in self._end_strings:
+            for special in self._specials:
                 s = s.replace(special, "")
             return s.strip()
 

@@ -20,9 +20,7 @@ import httpx
 
 from curator import http
 from curator.errors import EndpointError
-from curator.serve_bench.engine_fields import sglang_verify_counts
-
-ENGINES = ("sglang", "vllm")
+from curator.engines import ENGINES
 
 
 @dataclass
@@ -81,14 +79,8 @@ async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
 async def timed_request(client: httpx.AsyncClient, endpoint: Endpoint, category: str, prompt: Any,
                         max_tokens: int, temperature: float = 0.0) -> RequestResult:
     """Return the timing and counts of one request (prompt: token ids for SGLang, messages for vLLM)."""
-    if endpoint.engine == "sglang":
-        path = "/generate"
-        body: dict[str, Any] = {"input_ids": prompt, "stream": True,
-                                "sampling_params": {"temperature": temperature, "max_new_tokens": max_tokens}}
-    else:
-        path = "/v1/chat/completions"
-        body = {"model": endpoint.model, "messages": prompt, "temperature": temperature, "max_tokens": max_tokens,
-                "stream": True, "stream_options": {"include_usage": True}}
+    engine = ENGINES[endpoint.engine]
+    path, body = engine.bench_request(prompt, endpoint.model, max_tokens, temperature)
     start = time.perf_counter()
     first: float | None = None
     last: dict[str, Any] = {}
@@ -99,7 +91,7 @@ async def timed_request(client: httpx.AsyncClient, endpoint: Endpoint, category:
                 await response.aread()
                 raise EndpointError(f"{endpoint.url}{path} answered {response.status_code}: {http.error_text(response)}")
             async for event in _sse(response):
-                if first is None and _has_output(endpoint.engine, event):
+                if first is None and engine.streamed_output(event):
                     first = time.perf_counter()
                 last = event
                 usage = event.get("usage") or usage
@@ -107,19 +99,8 @@ async def timed_request(client: httpx.AsyncClient, endpoint: Endpoint, category:
         raise EndpointError(f"{endpoint.url}{path} failed: {exc!r}") from None
     latency = time.perf_counter() - start
     ttft = (first or time.perf_counter()) - start
-    if endpoint.engine == "sglang":
-        tokens, verify = sglang_verify_counts(last.get("meta_info"))
-        return RequestResult(category, tokens, latency, ttft, verify)
-    if not isinstance(usage.get("completion_tokens"), int):
-        raise EndpointError(f"{endpoint.url}{path} streamed no usage.completion_tokens (stream_options.include_usage)")
-    return RequestResult(category, usage["completion_tokens"], latency, ttft)
-
-
-def _has_output(engine: str, event: dict[str, Any]) -> bool:
-    """Return whether a streamed event carries generated text (vLLM's first chunk may be the role alone)."""
-    if engine == "sglang":
-        return True
-    return any((c.get("delta") or {}).get("content") for c in event.get("choices") or [])
+    tokens, verify = engine.bench_counts(last, usage, endpoint.url + path)
+    return RequestResult(category, tokens, latency, ttft, verify)
 
 
 async def served_model(client: httpx.AsyncClient, url: str) -> str:

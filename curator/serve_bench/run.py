@@ -21,7 +21,8 @@ from curator.serve_bench.client import (
     served_model,
     timed_request,
 )
-from curator.serve_bench.engine_fields import VllmSpecCounters
+from curator.engines import ENGINES
+from curator.engines.vllm import VllmSpecCounters
 from curator.serve_bench.report import GroupResult, ServeBenchReport, sglang_acceptance
 
 
@@ -35,9 +36,9 @@ class BenchPrompt:
     input_ids: list[int] | None = None
 
     def payload(self, engine: str) -> Any:
-        if engine == "sglang":
+        if ENGINES[engine].BENCH_TAKES_TOKEN_IDS:
             if self.input_ids is None:
-                raise ConfigError("an SGLang endpoint takes token ids: pass --tokenizer (the target's model directory)")
+                raise ConfigError(f"a {engine} endpoint takes token ids: pass --tokenizer (the target's model directory)")
             return self.input_ids
         return self.messages
 
@@ -46,8 +47,8 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
                  concurrency: int, max_tokens: int, on_request: Callable[[RequestResult], None] | None,
                  temperature: float = 0.0) -> GroupResult:
     """Return one category's prompts run at `concurrency` against one endpoint."""
-    speculating_vllm = endpoint.engine == "vllm" and label == "draft"
-    before = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)) if speculating_vllm else None
+    counted_on_page = ENGINES[endpoint.engine].ACCEPTANCE_ON_METRICS_PAGE and label == "draft"
+    before = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)) if counted_on_page else None
     gate = asyncio.Semaphore(concurrency)
 
     async def one(p: BenchPrompt) -> RequestResult:
@@ -97,7 +98,7 @@ async def run_bench(
         endpoints = [("draft", draft)] + ([("baseline", baseline)] if baseline is not None else [])
         resolved = []
         for label, ep in endpoints:
-            if ep.engine == "vllm" and not ep.model:
+            if ENGINES[ep.engine].NEEDS_SERVED_MODEL_NAME and not ep.model:
                 ep = Endpoint(ep.engine, ep.url, await served_model(client, ep.url))
             for p in prompts[:warmup]:
                 await timed_request(client, ep, p.category, p.payload(ep.engine), min(max_tokens, 16), temperature)
