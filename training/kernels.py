@@ -53,7 +53,10 @@ def enable_if_working(device: torch.device) -> bool:
 
 
 def _pick(fn: Callable[..., Any], x: torch.Tensor) -> Callable[..., Any]:
-    if not _state["on"] or not x.is_cuda:
+    # Training steps only: decoding after training in the same process (bench/reference, the demo) feeds
+    # other strides and shapes every cycle, which recompiled _rms_norm to the limit on the H200 and made
+    # `eval` 1.8x slower; under no_grad the eager form is the right one.
+    if not _state["on"] or not x.is_cuda or not torch.is_grad_enabled():
         return fn
     compiled = _state["compiled"]
     if fn not in compiled:
