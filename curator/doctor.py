@@ -21,7 +21,6 @@ from curator.engines import ENGINE_OF_LAYOUT, parse_launch, vllm
 from curator.engines.launch import Check, LaunchSpec, int_or_none
 from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
-from training.draft_weights import nonfinite_names, vocab_map_problem
 from training.errors import ModelMismatchError
 from training.layouts import LAYOUTS, Layout, layout_of
 from training.target_config import read_target_config
@@ -215,7 +214,9 @@ def _check_fc(layout: DraftLayout, h: int) -> list[Check]:
 
 def _check_values(layout: DraftLayout, dvocab: int, vocab: int) -> list[Check]:
     """Return checks of the weights' values: all finite, d2t [draft_vocab] mapping into the target's vocabulary."""
-    import torch
+    import torch  # here, not at the top: a usage error of `curator doctor` loads no torch
+
+    from training.draft_weights import nonfinite_names, vocab_map_problem
 
     bad: list[str] = []
     maps: dict[str, torch.Tensor] = {}

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
-from training.draft import DraftConfig
 from training.errors import ModelMismatchError
+
+if TYPE_CHECKING:  # torch loads only where weights are touched: `curator doctor`'s usage error stays fast
+    import torch
+
+    from training.draft import DraftConfig
 
 # The one decoder layer of an EAGLE-3 draft, relative to its prefix (midlayer. in the toolkit's names).
 DECODER_KEYS = (
@@ -71,6 +73,8 @@ class Layout(ABC):
 
     def file_weights(self, weights: dict[str, torch.Tensor], embeddings: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """Return the weights under this layout's names, floats in bf16 (d2t/t2d left out for a full vocabulary)."""
+        import torch
+
         drop = {"embed_tokens.weight"} | ({"d2t", "t2d"} if same_vocab(weights) else set())
         out = {}
         if self.carries_embeddings and embeddings is not None:
@@ -143,6 +147,8 @@ class Layout(ABC):
 
     def draft_config(self, config: dict[str, Any], target_config: dict[str, Any] | None) -> DraftConfig:
         """Return the draft's config as the toolkit builds it, read from an export's config.json."""
+        from training.draft import DraftConfig
+
         layer = self.decoder_config(config)
         layer_ids = self.served_layer_inputs(config, target_config)
         return DraftConfig(
