@@ -107,14 +107,13 @@ def list_candidates(
     rows = Catalog.open(catalog).candidates(status=status, limit=limit)
     columns = ["id", "dataset_id", "category", "relevance", "samples", "status"]  # the agent: `catalog show`
     table = [[r["id"], r["dataset_id"], r["category"], r["relevance"], _samples(r), r["status"]] for r in rows]
-    stdout.print(compact_table(columns, table, title="candidates", whole=("dataset_id",)))
+    # At 80 columns a long dataset id leaves no room for the category: it goes first, with a note.
+    stdout.print(compact_table(columns, table, title="candidates", whole=("dataset_id",), optional=("category",)))
 
 
-def _samples(row: dict[str, Any]) -> str:
+def _samples(row: dict[str, Any]) -> int | None:
     """Return the sample count a candidate stands for: the approved one, else the suggested one."""
-    if row["approved_samples"] is not None:
-        return f"{row['approved_samples']:,} approved"
-    return f"{row['suggested_samples']:,}" if row["suggested_samples"] is not None else ""
+    return row["approved_samples"] if row["approved_samples"] is not None else row["suggested_samples"]
 
 
 @catalog_app.command("show")

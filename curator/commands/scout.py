@@ -21,7 +21,7 @@ from curator.scout.agent import AgentBudget
 from curator.scout.briefs import Brief, categories, load_briefs, take
 from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
 from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
-from curator.ui import console, rows_table, summary_table
+from curator.ui import compact_table, console, summary_table
 
 # Hub calls of huggingface_hub are blocking and run in threads; ten agents need more than the
 # default pool (cpu + 4) or they queue behind each other.
@@ -123,10 +123,11 @@ def _propose(cat: Catalog, run: ScoutRun, briefs: list[Brief], goal: str, target
     proposal = propose_mix(merged, briefs, goal, target, run_id=run.run_id)
     path = write_proposal(proposal, out)
     console.print(
-        rows_table(
+        compact_table(
             ("dataset", "category", "samples", "reason"),
-            [(q.dataset_id, q.category, q.samples, q.reason[:80]) for q in proposal.quotas],
-            title=f"proposed recipe ({proposal.total():,} of {target:,} samples)",
+            [(q.dataset_id, q.category, q.samples, q.reason) for q in proposal.quotas],
+            title=f"proposed recipe ({proposal.total():,} of {target:,} samples; each reason is in {path})",
+            optional=("reason",),
         )
     )
     return path
