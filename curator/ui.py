@@ -208,7 +208,7 @@ class CompactTable:
             yield Text(label + "─" * max(0, min(width, 40) - cell_len(label)), style="dim")
             for name, value in zip(self.columns, row):
                 keys = Text(name, style="bold").wrap(console, key_width, overflow="fold")
-                values = self._record_value(name, value, room).wrap(console, room, overflow="fold")
+                values = self._record_lines(console, name, value, room)
                 for k in range(max(len(keys), len(values))):
                     key = keys[k] if k < len(keys) else Text()
                     line = key + Text(" " * (key_width - key.cell_len + self.GAP))
@@ -217,13 +217,17 @@ class CompactTable:
                     line.rstrip()
                     yield line
 
-    def _record_value(self, name: str, value: str, room: int) -> Text:
-        """Return a value for a record block: whole, except free text past RECORD_TEXT_LINES lines."""
-        limit = self.RECORD_TEXT_LINES * room
-        text = Text(value)
-        if name not in self.whole and not self.numeric[self.columns.index(name)] and cell_len(value) > limit:
-            text.truncate(limit - 1, overflow="ellipsis")
-        return text
+    def _record_lines(self, console: Console, name: str, value: str, room: int) -> list[Text]:
+        """Return a value folded to `room` for a record block: whole, except free text past
+        RECORD_TEXT_LINES lines, which ends in "…"."""
+        lines = list(Text(value).wrap(console, room, overflow="fold"))
+        i = self.columns.index(name)
+        if len(lines) > self.RECORD_TEXT_LINES and name not in self.whole and not self.numeric[i]:
+            lines = lines[: self.RECORD_TEXT_LINES]
+            lines[-1].rstrip()
+            lines[-1].truncate(room - 1)
+            lines[-1].append("…")
+        return lines
 
 
 _NUMBER = re.compile(r"-?[\d,]*\.?\d+(e[+-]?\d+)?%?")
