@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from curator.catalog import Catalog
-from curator.errors import ConfigError, CuratorError
+from curator.errors import ConfigError, CuratorError, HubError
 from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
 from curator.llm import DEFAULT_RETRY, DEFAULT_TIMEOUT_S, LLMClient, make_client
 from curator.scout.agent import AgentBudget
@@ -69,12 +69,15 @@ def scout(
     chosen = take(all_briefs, agents)
     if agents is not None and agents > len(all_briefs):
         raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
-    # the model client first: a missing key should fail before anything touches the Hub or catalog
+    # The Hub probe (one request, seconds) and the model client (a missing key) fail before the
+    # catalog is touched; the probe first, as it is quicker than importing the model's SDK.
+    hub_client = open_hub(hub)
+    if isinstance(hub_client, LiveHub):  # seconds to say so, not minutes of huggingface_hub's retries
+        hub_client.require_reachable()
     retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
     client: LLMClient | None = (
         make_client(llm.value, model, base_url, retry=retry, timeout_s=request_timeout) if planner is Planner.llm else None
     )
-    hub_client = open_hub(hub)
     cat = Catalog.open(catalog)
     config = ScoutConfig(
         goal=goal, planner=planner.value, model=client.model if client else None,
@@ -87,6 +90,9 @@ def scout(
         _print_summary(run, None)
         console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {escape(str(cat.path))}")
         raise typer.Exit(130) from None
+    if _recorded(run) == 0 and hub_client.stats.all_failed():
+        raise HubError(f"no candidates: all {hub_client.stats.fetches} Hub requests failed; the first said: "
+                       f"{hub_client.stats.first_error}")
     recipe = _propose(cat, run, all_briefs, goal, target_samples, recipe_out)
     _print_summary(run, recipe)
     if run.status == "failed":
@@ -163,8 +169,10 @@ def snapshot(
     """Save the Hub metadata the agents' tools need for a set of searches (for `scout --hub FILE`)."""
     queries = list(query or []) or [q for b in load_briefs(agents_dir) for q in b.seed_queries]
 
+    live_hub = LiveHub()
+    live_hub.require_reachable()
+
     async def go():
-        live_hub = LiveHub()
         try:
             return await build_snapshot(live_hub, queries, out, per_query=per_query, extra_ids=dataset or ())
         finally:
@@ -177,8 +185,6 @@ def snapshot(
     ]))
     for line in summary.failed[:20]:
         console.print(f"[yellow]failed:[/] {escape(line)}", highlight=False)
-    if summary.datasets == 0:
-        raise CuratorError("the snapshot holds no datasets; check HF_ENDPOINT/HF_TOKEN and the queries")
 
 
 hub_app.command("snapshot")(snapshot)
