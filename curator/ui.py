@@ -7,6 +7,7 @@ text: a message written to a log file keeps a command or path on one line.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -50,7 +52,7 @@ def progress(*extra_columns: ProgressColumn) -> Progress:
     room = max(12, console.width - ESSENTIAL_PROGRESS_WIDTH)
     for column in extra_columns:
         column._table_column = Column(no_wrap=True, overflow="ellipsis", max_width=room)  # its constructor's table_column
-    return Progress(
+    return _ShownWithItsFirstTask(
         TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=28)),
         MofNCompleteColumn(table_column=fixed),
         TextColumn("ETA", table_column=fixed),
@@ -62,6 +64,22 @@ def progress(*extra_columns: ProgressColumn) -> Progress:
         console=console,
         transient=False,
     )
+
+
+class _ShownWithItsFirstTask(Progress):
+    """A progress display that starts with its first task, so that a command refusing its input
+    before it has work to show draws no empty `0/?` bar and leaves no blank line."""
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def add_task(self, *args: Any, **kwargs: Any) -> TaskID:
+        self.start()  # a no-op once started
+        return super().add_task(*args, **kwargs)
+
+    def stop(self) -> None:
+        if self.live.is_started:  # rich would print a blank line for a display never shown
+            super().stop()
 
 
 def quiet_library_progress() -> None:
@@ -239,11 +257,12 @@ def _one_line(text: str) -> str:
 
 
 def format_value(value: Any) -> str:
-    """Return `value` as a short human string (floats to 4 significant digits, None empty)."""
+    """Return `value` as a short human string (None empty; floats to 4 significant digits, or
+    whole with thousands separators from 1,000 up: never an exponent a reader must decode)."""
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if math.isfinite(value) and abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
