@@ -63,6 +63,7 @@ def test_every_flag_has_help_and_no_type_placeholder_at_80_columns(
     assert main([*page.split(), "--help"]) == 0
     text = capsys.readouterr().out
     assert "<bool>" not in text and "<list[" not in text
+    assert " range>" not in text and "[x>=" not in text and "[x<=" not in text
     assert "…" not in text, "a help text was cut at 80 columns"
 
     import typer
@@ -77,6 +78,19 @@ def test_every_flag_has_help_and_no_type_placeholder_at_80_columns(
     for param in command.params:
         if param.param_type_name == "option":
             assert (param.help or "").strip(), f"curator {page} {param.opts[0]} has no help"
+
+
+def test_the_scout_goal_default_and_the_train_usage_read_in_a_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["scout", "--help"]) == 0
+    text = capsys.readouterr().out
+    goal = text[text.index("--goal"):text.index("--planner")]
+    assert len(goal.splitlines()) <= 5, goal  # the default goal in full took 20 lines
+    assert main(["train", "--help"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "Usage: curator train [OPTIONS] [KEY=VALUE]..." in lines  # it read [[KEY=VALUE]...]...
 
 
 def test_sql_prints_every_statement_s_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
