@@ -43,7 +43,7 @@ hub_app = typer.Typer(help="Hub access without the agents: offline snapshots.", 
 def scout(
     agents: Optional[int] = typer.Option(None, "--agents", "-n", help="How many briefs to run, heaviest first (default: all)."),
     goal: str = typer.Option(DEFAULT_GOAL, "--goal", help="What every agent looks for.",
-                             show_default="agentic coding, tool use, reasoning and chat for a large reasoning model"),
+                             show_default="agentic coding, tool use, chat"),
     planner: Planner = typer.Option(Planner.llm, "--planner", help="llm: model agents; rules: seed queries and a transparent score, no model."),
     llm: LLMKind = typer.Option(LLMKind.anthropic, "--llm", help="anthropic (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL) or openai (any OpenAI-compatible server)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: $CURATOR_MODEL, else claude-sonnet-4-5 for anthropic)."),
