@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.demo_figures import RECORD, run_figures
 from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
@@ -47,6 +48,13 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
 
     report = json.loads((work / "eval.json").read_text())
     assert report["prompts_decoded"] > 0 and report["acceptance_length"] >= 1.0
+    # The demo is seeded and runs on one thread: it learns what the recorded quick run learnt, or
+    # the code changed what it learns and the README's figures of the default run are stale too.
+    recorded = json.loads(RECORD.read_text())["quick"]
+    figures = run_figures(json.loads((work / "report.json").read_text()))
+    assert figures == {k: v for k, v in recorded.items() if k in figures}, (
+        "the demo's figures changed: run the default and quick demos again and update "
+        "bench/results/demo-figures.json and the README (bench/demo_figures.py says how)")
     html = (work / "report.html").read_text()
     assert html.count("<img") == 3 and "acceptance" in html.lower()
 
