@@ -151,7 +151,8 @@ def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | No
 
     source = config.tokenizer or config.model
     if _names_a_folder(source) and not Path(source).expanduser().is_dir():
-        raise ConfigError(f"--tokenizer {source}: no such folder (give the target's model folder, or its Hub id)")
+        flag = "--tokenizer" if config.tokenizer else "--model"
+        raise ConfigError(f"{flag} {source}: no such folder (give the target's model folder, or its Hub id)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
