@@ -70,15 +70,14 @@ def scout(
     chosen = take(all_briefs, agents)
     if agents is not None and agents > len(all_briefs):
         raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
-    # The Hub probe (one request, seconds) and the model client (a missing key) fail before the
-    # catalog is touched; the probe first, as it is quicker than importing the model's SDK.
-    hub_client = open_hub(hub)
-    if isinstance(hub_client, LiveHub):  # seconds to say so, not minutes of huggingface_hub's retries
-        hub_client.require_reachable()
+    # the model client first: a missing key should fail before anything touches the Hub or catalog
     retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
     client: LLMClient | None = (
         make_client(llm.value, model, base_url, retry=retry, timeout_s=request_timeout) if planner is Planner.llm else None
     )
+    hub_client = open_hub(hub)
+    if isinstance(hub_client, LiveHub):  # seconds to say so, not minutes of huggingface_hub's retries
+        hub_client.require_reachable()
     cat = Catalog.open(catalog)
     config = ScoutConfig(
         goal=goal, planner=planner.value, model=client.model if client else None,
