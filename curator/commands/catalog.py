@@ -33,7 +33,8 @@ def sql(
     statement: str = typer.Argument(..., help="SQL: SELECT, UPDATE, a query over parquet files; several separated by ';'."),
     format: OutputFormat = typer.Option(
         OutputFormat.table, "--format", "-f",
-        help="table (for reading; long cells cut to the terminal), or csv, json, markdown (whole values, for scripts).",
+        help="table (for reading: a line per row, or a block per row when too wide; long free text cut), "
+             "or csv, json, markdown (whole values, for scripts).",
     ),
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
