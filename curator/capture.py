@@ -66,7 +66,11 @@ def _check(s: CaptureSettings) -> Path:
     if s.backend not in BACKENDS:
         raise ConfigError(f"--backend must be transformers or vllm, not {s.backend!r}")
     if s.local is None:
-        raise ConfigError(f"{s.model} is not a local directory: pass --target-dir with the target's config and tokenizer")
+        if s.backend == "vllm":  # the server holds the weights; the config and tokenizer are read here
+            raise ConfigError(f"{s.model} is not a local directory: pass --target-dir with the target's config "
+                              "and tokenizer")
+        raise ConfigError(f"--model {s.model}: no such folder (the transformers backend loads the target from its "
+                          "local folder: config.json, weights and tokenizer)")
     if s.backend == "vllm" and (s.concurrency < 1 or s.retries < 0):
         raise ConfigError("--concurrency must be at least 1 and --retries at least 0")
     if s.path_map is not None and "=" not in s.path_map:

@@ -63,9 +63,15 @@ COMMAND_HELP = {
 
 def _plain_metavars(command: click.Command) -> None:
     """Drop typer's type placeholders where they say nothing: `<bool>` on flags, `<list[str]>`
-    on repeatable options (shown as their item type, `<str>...`); recurse into groups."""
+    on repeatable options (shown as their item type, `<str>...`), `<float range> [x>=0.001]` on
+    bounded numbers (shown as `<float>`: a value out of range is refused with the bound); recurse
+    into groups."""
     ctx = command.context_class(command)
     for param in [*command.params, command.get_help_option(ctx)]:
+        if getattr(param, "_get_number_range_help_str", None) and param._get_number_range_help_str():
+            label = param.display_type(ctx).replace(" range", "")
+            param.display_type_rich = lambda ctx, label=label: label
+            param._get_number_range_help_str = lambda: None
         if param is not None and param.param_type_name == "argument" and param.nargs != 1:
             # typer reads an argument's type label from the parameter itself, not its metavar
             label = param.display_type(ctx).replace("list[", "").replace("]", "") + "..."

@@ -152,6 +152,11 @@ class HubStats:
     fetches: int = 0
     cache_hits: int = 0
     errors: int = 0
+    first_error: str | None = None  # what the first failed request said, for a run that got nothing
+
+    def all_failed(self) -> bool:
+        """Return whether requests went out and every one failed (the Hub answered nothing useful)."""
+        return self.fetches > 0 and self.errors == self.fetches
 
 
 def _naive_utc(stamp: str | None) -> datetime | None:
@@ -204,6 +209,21 @@ def feature_type(t: Any) -> str:
     if kind is None:  # a plain dict is a struct of named fields
         return "struct{" + ", ".join(f"{k}: {feature_type(v)}" for k, v in t.items()) + "}"
     return str(kind)
+
+
+# How long the one-request probe waits for the Hub before a command says it cannot be reached
+# (huggingface_hub's own retries would take minutes to say the same).
+PROBE_TIMEOUT_S = 3.0
+
+
+def unreachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Return why the Hub at `endpoint` cannot be reached (the transport error), or None when it
+    answers at all: any HTTP status, even an error, shows that the network reaches it."""
+    try:
+        httpx.head(f"{endpoint.rstrip('/')}/api/datasets", timeout=timeout_s, follow_redirects=False)
+    except httpx.TransportError as exc:
+        return type(exc).__name__
+    return None
 
 
 class HubClient(ABC):
@@ -267,8 +287,9 @@ class HubClient(ABC):
         except UnknownDatasetError as exc:
             self._done[key] = (False, exc)
             raise
-        except Exception:
+        except Exception as exc:
             self.stats.errors += 1
+            self.stats.first_error = self.stats.first_error or str(exc)
             raise
         else:
             self._done[key] = (True, value)
@@ -325,6 +346,16 @@ class LiveHub(HubClient):
     async def aclose(self) -> None:
         await self._http.aclose()
         self._pool.shutdown(wait=False)
+
+    def require_reachable(self, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        """Raise HubError within `timeout_s` when the Hub cannot be reached, naming what works offline."""
+        why = unreachable(self.endpoint, timeout_s)
+        if why is not None:
+            raise HubError(
+                f"cannot reach the Hub at {self.endpoint} ({why}): check the network and HF_ENDPOINT; without "
+                "network, use a snapshot: --hub bundled, or --hub FILE from `curator hub snapshot` run where "
+                "there is network"
+            )
 
     async def _search(self, query: str, limit: int) -> list[DatasetHit]:
         hits = await self._list(query, limit)
@@ -653,5 +684,9 @@ async def build_snapshot(
         "datasets": {i: datasets[i] for i in ids if i in datasets},
     }
     path = Path(out)
+    if not datasets:  # an empty file would only fail later, in the scout that reads it
+        first = f"; the first failure: {failed[0]}" if failed else ""
+        raise HubError(f"the snapshot would hold no datasets, so {path} was not written; check HF_ENDPOINT, "
+                       f"HF_TOKEN and the queries{first}")
     write_json(path, payload, ensure_ascii=False, indent=1, default=str)
     return SnapshotSummary(path, len(payload["searches"]), len(payload["datasets"]), failed, time.perf_counter() - start)

@@ -7,10 +7,12 @@ text: a message written to a log file keeps a command or path on one line.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -18,6 +20,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -49,7 +52,7 @@ def progress(*extra_columns: ProgressColumn) -> Progress:
     room = max(12, console.width - ESSENTIAL_PROGRESS_WIDTH)
     for column in extra_columns:
         column._table_column = Column(no_wrap=True, overflow="ellipsis", max_width=room)  # its constructor's table_column
-    return Progress(
+    return _ShownWithItsFirstTask(
         TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=28)),
         MofNCompleteColumn(table_column=fixed),
         TextColumn("ETA", table_column=fixed),
@@ -61,6 +64,22 @@ def progress(*extra_columns: ProgressColumn) -> Progress:
         console=console,
         transient=False,
     )
+
+
+class _ShownWithItsFirstTask(Progress):
+    """A progress display that starts with its first task, so that a command refusing its input
+    before it has work to show draws no empty `0/?` bar and leaves no blank line."""
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def add_task(self, *args: Any, **kwargs: Any) -> TaskID:
+        self.start()  # a no-op once started
+        return super().add_task(*args, **kwargs)
+
+    def stop(self) -> None:
+        if self.live.is_started:  # rich would print a blank line for a display never shown
+            super().stop()
 
 
 def quiet_library_progress() -> None:
@@ -94,51 +113,142 @@ def rows_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str
 
 
 def compact_table(
-    columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None, *, whole: Sequence[str] = ()
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    title: str | None = None,
+    *,
+    whole: Sequence[str] = (),
+    optional: Sequence[str] = (),
 ) -> CompactTable:
-    """Return a compact table of data (query results): one line per row, a cell too long for its
-    column cut with "…", values shown as they are (no markup).
+    """Return query results laid out for the width they are printed at (see CompactTable).
 
-    Every column is shown at any width: the widest columns give up space first. Headers wrap
-    rather than being cut, and the columns named in `whole` (ids a user copies) are never cut.
+    `whole` names columns never cut besides those whose name says they hold an id; `optional`
+    names columns that may be left out (with a note) before the table turns to one block per row.
     """
     return CompactTable([str(c) for c in columns], [[_one_line(format_value(v)) for v in row] for row in rows],
-                        title, frozenset(whole))
+                        title, frozenset(whole), tuple(optional))
+
+
+# Column names whose values a user copies or tells rows apart by: never cut.
+ID_COLUMN = re.compile(r"(^|_)(id|ids|dataset|datasets|source|name|path|file|run)$", re.IGNORECASE)
 
 
 class CompactTable:
-    """A table laid out for the width it is printed at (see compact_table)."""
+    """Query results that stay readable at any width, as psql's `\\x auto` and DuckDB's CLI do.
 
-    GAP = 3  # between columns: two of padding, one of the (blank) divider
+    In order, the first layout that fits the width:
+    1. one line per row, every value whole;
+    2. one line per row, long free-text values cut with "…" (never an id, a number or a header);
+    3. the same without the `optional` columns, with a note naming them;
+    4. one block per row ("record 1 of 18", then a line per column), values folded whole,
+       free text cut after RECORD_TEXT_LINES lines.
+    """
 
-    def __init__(self, columns: list[str], cells: list[list[str]], title: str | None, whole: frozenset[str]) -> None:
-        self.columns, self.cells, self.title, self.whole = columns, cells, title, whole
+    GAP = 2  # spaces between columns
+    MIN_CUT = 12  # a cut value keeps at least this many characters
+    RECORD_TEXT_LINES = 4
 
-    def widths(self, width: int) -> list[int]:
-        """Return each column's width for a row that fits in `width`.
+    def __init__(self, columns: list[str], cells: list[list[str]], title: str | None, whole: frozenset[str],
+                 optional: tuple[str, ...] = ()) -> None:
+        self.columns, self.cells, self.title, self.optional = columns, cells, title, optional
+        self.whole = frozenset(c for c in columns if c in whole or ID_COLUMN.search(c))
+        self.numeric = [all(_NUMBER.fullmatch(row[i]) for row in cells if row[i]) for i in range(len(columns))]
 
-        A `whole` column takes up to half the width (a longer value folds onto a second line);
-        the others share the rest: the largest cap that fits is found, and a column narrower
-        than the cap keeps its natural width.
-        """
-        natural = [max([len(c)] + [len(row[i]) for row in self.cells]) for i, c in enumerate(self.columns)]
-        fixed = {i: min(n, max(width // 2, 20)) for i, n in enumerate(natural) if self.columns[i] in self.whole}
-        room = width - self.GAP * (len(self.columns) - 1) - sum(fixed.values())
-        free = [n for i, n in enumerate(natural) if i not in fixed]
-        cap = max(free, default=0)
-        while cap > 4 and sum(min(n, cap) for n in free) > room:
+    def _natural(self, i: int) -> int:
+        return max([cell_len(self.columns[i])] + [cell_len(row[i]) for row in self.cells])
+
+    def _cuttable(self, i: int) -> bool:
+        return self.columns[i] not in self.whole and not self.numeric[i]
+
+    def widths(self, width: int, shown: Sequence[int]) -> list[int] | None:
+        """Return the widths of the `shown` columns on one line of `width`, or None when none fit."""
+        natural = {i: self._natural(i) for i in shown}
+        floor = {i: natural[i] if not self._cuttable(i) else
+                 min(natural[i], max(cell_len(self.columns[i]), self.MIN_CUT)) for i in shown}
+        room = width - self.GAP * (len(shown) - 1)
+        if sum(floor.values()) > room:
+            return None
+        # the largest cap on the cuttable columns that fits; a column under the cap keeps its width
+        cap = max(natural.values(), default=0)
+        while sum(max(floor[i], min(natural[i], cap)) for i in shown) > room:
             cap -= 1
-        return [fixed[i] if i in fixed else min(n, cap) for i, n in enumerate(natural)]
+        return [max(floor[i], min(natural[i], cap)) for i in shown]
+
+    def layout(self, width: int) -> tuple[list[int], list[int]] | None:
+        """Return (shown column indexes, their widths) for one line per row, or None for blocks."""
+        shown = list(range(len(self.columns)))
+        for name in (None, *self.optional):
+            if name is not None and name in self.columns:
+                shown.remove(self.columns.index(name))
+            widths = self.widths(width, shown)
+            if widths is not None:
+                return shown, widths
+        return None
 
     def __rich_console__(self, console: Console, options: Any) -> Any:
-        table = Table(title=self.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                      show_edge=False)
-        for name, w in zip(self.columns, self.widths(options.max_width)):
-            table.add_column(name, width=w, overflow="fold")
+        width = options.max_width
+        if self.title:
+            yield Text(self.title, style="bold")
+        chosen = self.layout(width) if self.columns else ([], [])
+        if chosen is None:
+            yield from self._records(console, width)
+            return
+        shown, widths = chosen
+
+        def line(values: list[str], header: bool = False) -> Text:
+            text = Text(no_wrap=True, overflow="ellipsis", style="bold" if header else "")
+            for n, (i, w) in enumerate(zip(shown, widths)):
+                cell = Text(values[i])
+                cell.truncate(w, overflow="ellipsis")
+                pad = " " * (w - cell.cell_len)
+                if n:
+                    text.append(" " * self.GAP)
+                text.append_text(Text(pad) + cell if self.numeric[i] and not header else cell + Text(pad))
+            text.rstrip()
+            return text
+
+        yield line(self.columns, header=True)
+        yield Text(" " * self.GAP).join(Text("─" * w) for w in widths)
         for row in self.cells:
-            table.add_row(*(Text(cell, no_wrap=name not in self.whole, overflow="fold" if name in self.whole else "ellipsis")
-                            for name, cell in zip(self.columns, row)))
-        yield table
+            yield line(row)
+        left_out = [c for i, c in enumerate(self.columns) if i not in shown]
+        if left_out:
+            them = "them" if len(left_out) > 1 else "it"
+            yield Text(f"not shown at {width} columns: {', '.join(left_out)} (a wider terminal shows {them})",
+                       style="dim")
+
+    def _records(self, console: Console, width: int) -> Any:
+        """Yield one block per row: a numbered rule, then `column  value` lines, values folded."""
+        key_width = min(max(cell_len(c) for c in self.columns), max(8, width // 3))
+        room = max(8, width - key_width - self.GAP)
+        for n, row in enumerate(self.cells, 1):
+            label = f"─[ record {n} of {len(self.cells)} ]"
+            yield Text(label + "─" * max(0, min(width, 40) - cell_len(label)), style="dim")
+            for name, value in zip(self.columns, row):
+                keys = Text(name, style="bold").wrap(console, key_width, overflow="fold")
+                values = self._record_lines(console, name, value, room)
+                for k in range(max(len(keys), len(values))):
+                    key = keys[k] if k < len(keys) else Text()
+                    line = key + Text(" " * (key_width - key.cell_len + self.GAP))
+                    if k < len(values):
+                        line.append_text(values[k])
+                    line.rstrip()
+                    yield line
+
+    def _record_lines(self, console: Console, name: str, value: str, room: int) -> list[Text]:
+        """Return a value folded to `room` for a record block: whole, except free text past
+        RECORD_TEXT_LINES lines, which ends in "…"."""
+        lines = list(Text(value).wrap(console, room, overflow="fold"))
+        i = self.columns.index(name)
+        if len(lines) > self.RECORD_TEXT_LINES and name not in self.whole and not self.numeric[i]:
+            lines = lines[: self.RECORD_TEXT_LINES]
+            lines[-1].rstrip()
+            lines[-1].truncate(room - 1)
+            lines[-1].append("…")
+        return lines
+
+
+_NUMBER = re.compile(r"-?[\d,]*\.?\d+(e[+-]?\d+)?%?")
 
 
 def _one_line(text: str) -> str:
@@ -147,11 +257,12 @@ def _one_line(text: str) -> str:
 
 
 def format_value(value: Any) -> str:
-    """Return `value` as a short human string (floats to 4 significant digits, None empty)."""
+    """Return `value` as a short human string (None empty; floats to 4 significant digits, or
+    whole with thousands separators from 1,000 up: never an exponent a reader must decode)."""
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if math.isfinite(value) and abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)

@@ -10,6 +10,11 @@ import torch
 
 from training.toy_target import build_target
 
+# The suite's models are tiny, so every op is per-call overhead, and a second thread only waits for
+# a core on a busy CI machine (the demo target's train step: 3.0-3.8 s on 2 threads against
+# 0.5-1.4 s on 1, issue 30). Subprocesses the tests start choose their own.
+torch.set_num_threads(1)
+
 WORDS = (
     "def return import class self value list dict print for while if else elif try except "
     "lambda yield async await with open file read write path json data model token layer "

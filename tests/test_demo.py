@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.demo_figures import RECORD, run_figures
 from curator.catalog import Catalog
 from curator.cli import main
-from curator.demo.pipeline import QUICK, STATE_FILE, Demo
+from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
 from curator.mix.schema import MANIFEST
 from training.store import HiddenStateStore
 
@@ -47,6 +48,13 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
 
     report = json.loads((work / "eval.json").read_text())
     assert report["prompts_decoded"] > 0 and report["acceptance_length"] >= 1.0
+    # The demo is seeded and runs on one thread: it learns what the recorded quick run learnt, or
+    # the code changed what it learns and the README's figures of the default run are stale too.
+    recorded = json.loads(RECORD.read_text())["quick"]
+    figures = run_figures(json.loads((work / "report.json").read_text()))
+    assert figures == {k: v for k, v in recorded.items() if k in figures}, (
+        "the demo's figures changed: run the default and quick demos again and update "
+        "bench/results/demo-figures.json and the README (bench/demo_figures.py says how)")
     html = (work / "report.html").read_text()
     assert html.count("<img") == 3 and "acceptance" in html.lower()
 
@@ -79,3 +87,64 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     (work / "notes.txt").write_text("mine")
     Demo(work, QUICK, fresh=True)._load_state()
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt"] and not (work / STATE_FILE).exists()
+
+
+def test_the_target_stage_shows_progress_and_runs_torch_on_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    import torch
+    from rich.console import Console
+
+    import curator.ui as ui
+    import training.toy_target as toy_target
+
+    screen = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=screen, force_terminal=True, width=100))
+    threads_seen: list[int] = []
+    train = toy_target.train_causal_lm
+
+    def counting(*args: object, **kwargs: object) -> list[float]:
+        threads_seen.append(torch.get_num_threads())
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(toy_target, "train_causal_lm", counting)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        demo = Demo(tmp_path, DemoSettings(target_steps=3, target_hidden=32, target_layers=1, target_vocab=400))
+        demo.make_target()
+        assert torch.get_num_threads() == 2  # the caller's setting is back after the stage
+    finally:
+        torch.set_num_threads(before)
+    assert threads_seen == [1]
+    assert "target" in screen.getvalue() and "3/3" in screen.getvalue() and "loss" in screen.getvalue()
+
+
+def test_the_demo_prints_commands_a_person_would_type() -> None:
+    import shlex
+
+    from curator.demo.pipeline import _cmd
+
+    sql = "UPDATE candidates SET status = 'approved' WHERE id IN (1, 2)"
+    line = _cmd(["sql", sql, "--catalog", "/tmp/a b/catalog.duckdb"])
+    assert line == f"curator sql \"{sql}\" --catalog '/tmp/a b/catalog.duckdb'"
+    assert shlex.split(line)[1:] == ["sql", sql, "--catalog", "/tmp/a b/catalog.duckdb"]
+    tricky = "SELECT '$HOME' AS \"x\""  # a $ or a " inside: only single quotes keep it as it is
+    assert shlex.split(_cmd(["sql", tricky]))[2] == tricky
+
+
+def test_the_report_page_writes_numbers_as_the_terminal_does(tmp_path: Path) -> None:
+    from curator.commands.train import accept_length_rows
+    from curator.demo.report import DemoReport, StageResult, write_html
+    from curator.ui import format_value
+
+    assert format_value(1466.3) == "1,466" and format_value(14663.2) == "14,663" and format_value(3.14159) == "3.142"
+    report = DemoReport(workdir=tmp_path, stages=[StageResult("generate", 1.0, {"output tok/s": 1466.3}, "curator x")])
+    html = write_html(report, tmp_path / "report.html").read_text()
+    assert "output tok/s: 1,466" in html and "e+03" not in html
+    # an acceptance length says its chain length K: the most it can be is K + 1
+    rows = accept_length_rows({"accept_length": 4.745, "acc": [0.9] * 4, "cond_acc": [0.9] * 4,
+                               "sim_accept_length": 3.5, "sim_steps": 3}, "eval")
+    assert rows == {"eval accept length (teacher-forced, K=4)": 4.745, "eval simulated accept length (K=3)": 3.5}

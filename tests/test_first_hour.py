@@ -63,6 +63,7 @@ def test_every_flag_has_help_and_no_type_placeholder_at_80_columns(
     assert main([*page.split(), "--help"]) == 0
     text = capsys.readouterr().out
     assert "<bool>" not in text and "<list[" not in text
+    assert " range>" not in text and "[x>=" not in text and "[x<=" not in text
     assert "…" not in text, "a help text was cut at 80 columns"
 
     import typer
@@ -77,6 +78,19 @@ def test_every_flag_has_help_and_no_type_placeholder_at_80_columns(
     for param in command.params:
         if param.param_type_name == "option":
             assert (param.help or "").strip(), f"curator {page} {param.opts[0]} has no help"
+
+
+def test_the_scout_goal_default_and_the_train_usage_read_in_a_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["scout", "--help"]) == 0
+    text = capsys.readouterr().out
+    goal = text[text.index("--goal"):text.index("--planner")]
+    assert len(goal.splitlines()) <= 6, goal  # the default goal in full took 20 lines
+    assert main(["train", "--help"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "Usage: curator train [OPTIONS] [KEY=VALUE]..." in lines  # it read [[KEY=VALUE]...]...
 
 
 def test_sql_prints_every_statement_s_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,18 +134,46 @@ def _render(renderable: object, width: int = 80) -> list[str]:
     return console.export_text().rstrip("\n").splitlines()
 
 
-def test_a_wide_query_result_fits_80_columns_one_line_per_row() -> None:
-    columns = ["dataset_id", "findings", "agents", "best_relevance", "category", "suggested_samples", "approved",
-               "rationales", "license", "downloads", "num_rows"]
-    rows = [[f"org/dataset-{i}", 2, 2, 0.85, "agentic", 6076, False, "why " * 200, "apache-2.0", 1234567, 80036]
-            for i in range(18)]
-    lines = _render(ui.compact_table(columns, rows))
+WIDE_COLUMNS = ["dataset_id", "findings", "agents", "best_relevance", "category", "suggested_samples", "approved",
+                "rationales", "license", "downloads", "num_rows"]
+LONG_IDS = ["nvidia/Nemotron-Post-Training-Dataset-v1", "nvidia/Nemotron-Post-Training-Dataset-v2",
+            "m-a-p/CodeFeedback-Filtered-Instruction"]
+
+
+def test_a_result_too_wide_for_80_columns_folds_to_one_block_per_row_with_ids_whole() -> None:
+    rows = [[dataset_id, 2, 2, 0.85, "agentic", 1_000_000, False, "why " * 200, "apache-2.0", 1234567, 80036]
+            for dataset_id in LONG_IDS]
+    lines = _render(ui.compact_table(WIDE_COLUMNS, rows))
     assert all(len(line) <= 80 for line in lines)
-    body = lines[lines.index(next(line for line in lines if set(line.strip()) == {"─"})) + 1:]
-    assert len(body) == 18, "each row on one line"
-    header = " ".join(lines[: len(lines) - len(body) - 1])
-    for name in ("findings", "agents", "license", "num_"):  # every column is there, none dropped
-        assert name[:4] in header
+    assert sum("record" in line for line in lines) == len(LONG_IDS)
+    for dataset_id in LONG_IDS:  # ids that differ only at their end stay apart
+        assert any(line.split() == ["dataset_id", dataset_id] for line in lines)
+    assert ["suggested_samples", "1,000,000"] in [line.split() for line in lines]  # headers and counts whole
+    first = lines[: next(i for i, line in enumerate(lines) if line.startswith("license"))]
+    rationale = [line for line in first if "why" in line]  # free text is cut after a few lines
+    assert 1 < len(rationale) <= ui.CompactTable.RECORD_TEXT_LINES and rationale[-1].endswith("…")
+
+
+def test_a_result_that_fits_stays_one_line_per_row_cutting_only_free_text() -> None:
+    rows = [[dataset_id, 1_000_000, "a long free-text rationale " * 5] for dataset_id in LONG_IDS]
+    lines = _render(ui.compact_table(["dataset_id", "samples", "rationale"], rows))
+    assert len(lines) == 2 + len(LONG_IDS) and all(len(line) <= 80 for line in lines)
+    assert lines[0].split() == ["dataset_id", "samples", "rationale"]
+    for line, dataset_id in zip(lines[2:], LONG_IDS):
+        assert line.split()[:2] == [dataset_id, "1,000,000"] and line.endswith("…")
+
+
+def test_sql_results_of_the_catalog_keep_their_ids_at_80_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    catalog = Catalog.open(tmp_path / "c.duckdb")
+    for i, dataset_id in enumerate(LONG_IDS):
+        catalog.add_candidate("run", f"agent-{i}", dataset_id, "agentic", 0.9 - i / 10, "fits " * 40, 5000)
+    monkeypatch.setattr(ui.stdout, "width", 80)
+    assert main(["sql", "SELECT * FROM candidate_summary ORDER BY best_relevance DESC",
+                 "--catalog", str(tmp_path / "c.duckdb")]) == 0
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert all(f"dataset_id         {dataset_id}\n" in out for dataset_id in LONG_IDS)
 
 
 def test_catalog_list_shows_whole_dataset_ids_at_80_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -139,12 +181,18 @@ def test_catalog_list_shows_whole_dataset_ids_at_80_columns(tmp_path: Path, monk
     catalog = Catalog.open(tmp_path / "c.duckdb")
     ids = ["nvidia/OpenCodeInstruct", "m-a-p/CodeFeedback-Filtered-Instruction", "glaiveai/glaive-function-calling-v2"]
     for i, dataset_id in enumerate(ids):
-        catalog.add_candidate("run", f"agent-{i}", dataset_id, "agentic", 0.9 - i / 10, "fits", 5000)
+        catalog.add_candidate("run", f"agent-{i}", dataset_id, "multilingual-code", 0.9 - i / 10, "fits", 5000)
+    catalog.approve(1, 1_000_000)
     monkeypatch.setattr(ui.stdout, "width", 80)
     assert main(["catalog", "list", "--catalog", str(tmp_path / "c.duckdb")]) == 0
-    out = capsys.readouterr().out
-    assert all(dataset_id in out for dataset_id in ids)
-    assert all(len(line) <= 80 for line in out.splitlines())
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in "".join(lines)
+    rows = [line.split() for line in lines if line.split()[:1] in (["1"], ["2"], ["3"])]
+    assert [r[1] for r in rows] == ids and rows[0][-2:] == ["1,000,000", "approved"] and rows[1][-1] == "proposed"
+    assert lines[-1].startswith("not shown at 80 columns: category")
+    monkeypatch.setattr(ui.stdout, "width", 120)
+    assert main(["catalog", "list", "--catalog", str(tmp_path / "c.duckdb")]) == 0
+    assert "multilingual-code" in capsys.readouterr().out
 
 
 def test_a_progress_line_keeps_done_total_and_eta_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:

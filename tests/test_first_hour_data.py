@@ -145,3 +145,59 @@ def test_the_demo_warns_when_most_answers_are_one_token_repeated(tmp_path: Path,
     (gen / "shard-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert demo._check_answers(gen) == "8 of 10"
     assert demo.report.warnings and "8 of 10 regenerated answers" in demo.report.warnings[0]
+
+
+def _small_mix(tmp_path: Path) -> Path:
+    from curator.mix.build import build_mix
+    from curator.mix.recipe import load_recipe
+
+    _chat_file(tmp_path / "chat.jsonl", 4)
+    mix = tmp_path / "mix"
+    build_mix(load_recipe(_recipe(tmp_path, [{"path": "chat.jsonl", "name": "chat", "samples": 4, "category": "chat"}])),
+              mix)
+    return mix
+
+
+def test_generate_refused_before_its_first_request_leaves_no_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mix = _small_mix(tmp_path)
+    common = ["generate", "--mix", str(mix), "--model", "m", "--catalog", str(tmp_path / "c.duckdb"),
+              "--endpoint", f"http://127.0.0.1:{_closed_port()}", "--max-attempts", "1"]
+    assert main([*common, "--out", str(tmp_path / "gen"), "--engine", "chat"]) == 1
+    assert "not reachable" in capsys.readouterr().err and not (tmp_path / "gen").exists()
+
+    assert main([*common, "--out", str(tmp_path / "gen2"), "--engine", "sglang", "--tokenizer",
+                 str(tmp_path / "missing" / "folder")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --tokenizer {tmp_path / 'missing' / 'folder'}: no such folder (give the target's model " \
+                  "folder, or its Hub id)"
+    assert not (tmp_path / "gen2").exists()
+
+
+def test_catalog_commands_without_a_catalog_say_so_and_create_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CURATOR_CATALOG", raising=False)
+    for argv in (["catalog", "list"], ["catalog", "show", "1"], ["catalog", "approve", "1"], ["catalog", "reject", "1"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: no catalog at catalog.duckdb yet") and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_model_folder_is_named_as_such_and_draws_no_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    (gen / "shard-00000.jsonl").write_text('{"id": "a", "messages": []}\n')
+    missing = tmp_path / "no-such-model"
+    assert main(["hidden-states", "--model", str(missing), "--data", str(gen), "--out", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert f"--model {missing}: no such folder" in err and "--target-dir" not in err and "0/?" not in err
+
+    assert main(["train", f"data={tmp_path / 'no-states'}", f"target={missing}", f"out={tmp_path / 'run'}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "0/?" not in err and "ETA" not in err

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -147,11 +147,13 @@ def train_causal_lm(
     seed: int = 0,
     device: str | torch.device = "cpu",
     time_budget_s: float | None = None,
+    on_step: Callable[[int, float | None], None] | None = None,
 ) -> list[float]:
     """Train `model` on packed token rows [n, seq] with AdamW + cosine decay; return the losses.
 
     Stops early when `time_budget_s` is spent, so that a demo on a slow laptop still ends in
-    time (the model is then simply less trained).
+    time (the model is then simply less trained). `on_step(steps done, latest loss read)` is
+    called after every step, for a progress display.
     """
     import time
 
@@ -189,6 +191,8 @@ def train_causal_lm(
         if len(pending) == 25 or step == steps - 1 or over:
             losses.extend(torch.stack(pending).float().tolist())
             pending = []
+        if on_step is not None:
+            on_step(step + 1, losses[-1] if losses else None)
         if over:
             break
     model.eval()

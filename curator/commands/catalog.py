@@ -14,7 +14,8 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from curator.catalog import Catalog
+from curator.catalog import Catalog, resolve_path
+from curator.errors import CatalogError
 from curator.sql import run_sql
 from curator.ui import compact_table, console, stdout, summary_table
 
@@ -34,7 +35,8 @@ def sql(
                                    "CREATE, ATTACH, COPY, ...) are refused."),
     format: OutputFormat = typer.Option(
         OutputFormat.table, "--format", "-f",
-        help="table (for reading; long cells cut to the terminal), or csv, json, markdown (whole values, for scripts).",
+        help="table (for reading: a line per row, or a block per row when too wide; long free text cut), "
+             "or csv, json, markdown (whole values, for scripts).",
     ),
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
@@ -96,6 +98,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _existing(catalog: Optional[Path]) -> Catalog:
+    """Return the catalog to review; CatalogError, creating nothing, when there is none there yet."""
+    path = resolve_path(catalog)
+    if not path.exists():
+        raise CatalogError(f"no catalog at {path} yet: run `curator scout` first, or pass --catalog FILE "
+                           "(the demo's is in its workdir: --catalog curator-demo/catalog.duckdb)")
+    return Catalog.open(path)
+
+
 catalog_app = typer.Typer(help="Review candidate datasets: list, show, approve, reject.", no_args_is_help=True)
 
 
@@ -106,23 +117,22 @@ def list_candidates(
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
     """List candidates, most relevant first."""
-    rows = Catalog.open(catalog).candidates(status=status, limit=limit)
+    rows = _existing(catalog).candidates(status=status, limit=limit)
     columns = ["id", "dataset_id", "category", "relevance", "samples", "status"]  # the agent: `catalog show`
     table = [[r["id"], r["dataset_id"], r["category"], r["relevance"], _samples(r), r["status"]] for r in rows]
-    stdout.print(compact_table(columns, table, title="candidates", whole=("dataset_id",)))
+    # At 80 columns a long dataset id leaves no room for the category: it goes first, with a note.
+    stdout.print(compact_table(columns, table, title="candidates", whole=("dataset_id",), optional=("category",)))
 
 
-def _samples(row: dict[str, Any]) -> str:
+def _samples(row: dict[str, Any]) -> int | None:
     """Return the sample count a candidate stands for: the approved one, else the suggested one."""
-    if row["approved_samples"] is not None:
-        return f"{row['approved_samples']:,} approved"
-    return f"{row['suggested_samples']:,}" if row["suggested_samples"] is not None else ""
+    return row["approved_samples"] if row["approved_samples"] is not None else row["suggested_samples"]
 
 
 @catalog_app.command("show")
 def show(candidate_id: int = typer.Argument(..., help="Candidate id."), catalog: Optional[Path] = CatalogOption) -> None:
     """Show one candidate with its dataset's metadata and every agent's rationale for it."""
-    cat = Catalog.open(catalog)
+    cat = _existing(catalog)
     with cat.session():  # one open of the file for both reads
         row = cat.candidate(candidate_id)
         columns, others = cat.query(
@@ -142,7 +152,7 @@ def approve(
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
     """Approve a candidate for the mix."""
-    row = Catalog.open(catalog).approve(candidate_id, samples)
+    row = _existing(catalog).approve(candidate_id, samples)
     n = row["approved_samples"] if row["approved_samples"] is not None else row["suggested_samples"]
     console.print(f"[green]approved[/] {candidate_id} {escape(row['dataset_id'])} ({n:,} samples)")
 
@@ -154,7 +164,7 @@ def reject(
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
     """Reject a candidate."""
-    row = Catalog.open(catalog).reject(candidate_id, note)
+    row = _existing(catalog).reject(candidate_id, note)
     console.print(f"[yellow]rejected[/] {candidate_id} {escape(row['dataset_id'])}")
 
 

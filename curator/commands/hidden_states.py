@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+from rich.progress import TaskID
 
 from curator.errors import ConfigError
 from curator.ui import console, human_bytes, progress, quiet_library_progress, rows_table, stdout, summary_table
@@ -180,9 +181,11 @@ def hidden_states(
     if not force:
         console.print("[dim]planning the disk (measuring the samples left to capture)[/]")
     with progress() as bar:
-        task = bar.add_task("hidden states", total=None)
-        stats = capture_hidden_states(settings, read=read, on_total=lambda n: bar.update(task, total=n),
-                                      on_samples=lambda n: bar.advance(task, n))
+        # the bar appears once the input is read and the disk planned: a bad input is refused before it
+        tasks: list[TaskID] = []
+        stats = capture_hidden_states(settings, read=read,
+                                      on_total=lambda n: tasks.append(bar.add_task("hidden states", total=n)),
+                                      on_samples=lambda n: bar.advance(tasks[0], n))
     console.print(summary_table("hidden states", summary_rows(stats, out, backend, read)))
 
 

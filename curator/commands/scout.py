@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from curator.catalog import Catalog
-from curator.errors import ConfigError, CuratorError
+from curator.errors import ConfigError, CuratorError, HubError
 from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
 from curator.llm import DEFAULT_RETRY, DEFAULT_TIMEOUT_S, LLMClient, make_client
 from curator.scout.agent import AgentBudget
@@ -22,7 +22,7 @@ from curator.scout.briefs import Brief, categories, load_briefs, take
 from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
 from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
 from curator.scout.traffic import TrafficShares, take_for_traffic
-from curator.ui import console, rows_table, summary_table
+from curator.ui import compact_table, console, summary_table
 
 # Hub calls of huggingface_hub are blocking and run in threads; ten agents need more than the
 # default pool (cpu + 4) or they queue behind each other.
@@ -43,7 +43,8 @@ hub_app = typer.Typer(help="Hub access without the agents: offline snapshots.", 
 
 def scout(
     agents: Optional[int] = typer.Option(None, "--agents", "-n", help="How many briefs to run, heaviest first (default: all)."),
-    goal: str = typer.Option(DEFAULT_GOAL, "--goal", help="What every agent looks for."),
+    goal: str = typer.Option(DEFAULT_GOAL, "--goal", help="What every agent looks for.",
+                             show_default="agentic coding, tool use, chat"),
     planner: Planner = typer.Option(Planner.llm, "--planner", help="llm: model agents; rules: seed queries and a transparent score, no model."),
     llm: LLMKind = typer.Option(LLMKind.anthropic, "--llm", help="anthropic (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL) or openai (any OpenAI-compatible server)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: $CURATOR_MODEL, else claude-sonnet-4-5 for anthropic)."),
@@ -82,6 +83,8 @@ def scout(
         make_client(llm.value, model, base_url, retry=retry, timeout_s=request_timeout) if planner is Planner.llm else None
     )
     hub_client = open_hub(hub)
+    if isinstance(hub_client, LiveHub):  # seconds to say so, not minutes of huggingface_hub's retries
+        hub_client.require_reachable()
     cat = Catalog.open(catalog)
     config = ScoutConfig(
         goal=goal, planner=planner.value, model=client.model if client else None,
@@ -94,6 +97,9 @@ def scout(
         _print_summary(run, None)
         console.print(f"[yellow]interrupted:[/] kept {_recorded(run)} candidates of run {run.run_id} in {escape(str(cat.path))}")
         raise typer.Exit(130) from None
+    if _recorded(run) == 0 and hub_client.stats.all_failed():
+        raise HubError(f"no candidates: all {hub_client.stats.fetches} Hub requests failed; the first said: "
+                       f"{hub_client.stats.first_error}")
     recipe = _propose(cat, run, all_briefs, goal, target_samples, recipe_out, traffic)
     _print_summary(run, recipe)
     if run.status == "failed":
@@ -142,10 +148,11 @@ def _propose(cat: Catalog, run: ScoutRun, briefs: list[Brief], goal: str, target
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     path = write_proposal(proposal, out)
     console.print(
-        rows_table(
+        compact_table(
             ("dataset", "category", "samples", "reason"),
-            [(q.dataset_id, q.category, q.samples, q.reason[:80]) for q in proposal.quotas],
-            title=f"proposed recipe ({proposal.total():,} of {target:,} samples)",
+            [(q.dataset_id, q.category, q.samples, q.reason) for q in proposal.quotas],
+            title=f"proposed recipe ({proposal.total():,} of {target:,} samples; each reason is in {path})",
+            optional=("reason",),
         )
     )
     return path
@@ -181,8 +188,10 @@ def snapshot(
     """Save the Hub metadata the agents' tools need for a set of searches (for `scout --hub FILE`)."""
     queries = list(query or []) or [q for b in load_briefs(agents_dir) for q in b.seed_queries]
 
+    live_hub = LiveHub()
+    live_hub.require_reachable()
+
     async def go():
-        live_hub = LiveHub()
         try:
             return await build_snapshot(live_hub, queries, out, per_query=per_query, extra_ids=dataset or ())
         finally:
@@ -195,8 +204,6 @@ def snapshot(
     ]))
     for line in summary.failed[:20]:
         console.print(f"[yellow]failed:[/] {escape(line)}", highlight=False)
-    if summary.datasets == 0:
-        raise CuratorError("the snapshot holds no datasets; check HF_ENDPOINT/HF_TOKEN and the queries")
 
 
 hub_app.command("snapshot")(snapshot)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import TextColumn
+from rich.progress import Progress, TaskID, TextColumn
 
 from curator.errors import CatalogError, ConfigError
 from curator.loss_report import LOSS_NOTE, loss_text
@@ -39,9 +40,42 @@ def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> 
         console.print(f"[yellow]warning:[/] the run was not recorded in the catalog: {escape(str(exc))}")
 
 
+def accept_length_rows(record: dict[str, Any], split: str) -> dict[str, float | None]:
+    """Return a metrics record's acceptance lengths, each named with its chain length K (the most
+    it can be is K + 1): the teacher-forced one over the TTT steps, and the simulated one."""
+    rows: dict[str, float | None] = {}
+    if record.get("accept_length") is not None:
+        rows[f"{split} accept length (teacher-forced, K={len(record.get('cond_acc') or record['acc'])})"] = \
+            record["accept_length"]
+    if record.get("sim_accept_length") is not None:
+        rows[f"{split} simulated accept length (K={record.get('sim_steps', '?')})"] = record["sim_accept_length"]
+    return rows
+
+
+def training_progress() -> tuple[Progress, Callable[[dict[str, Any]], None]]:
+    """Return a progress display for a draft's training and the trainer's `on_metrics` callback
+    that feeds it (a bar for the train steps, a line per eval)."""
+    bar = progress(TextColumn("{task.fields[status]}"))
+    tasks: list[TaskID] = []  # added at the first record: a run refused while it sets up draws no bar
+
+    def show(record: dict[str, Any]) -> None:
+        if record["split"] == "train":
+            if not tasks:
+                tasks.append(bar.add_task("train", total=record["total_steps"], status=""))
+            bar.update(tasks[0], completed=record["step"], total=record["total_steps"],
+                       status=f"{loss_text(record)}  acc {_fmt_acc(record['acc'][:3])}  "
+                              f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
+        else:
+            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
+                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
+                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
+
+    return bar, show
+
+
 def train(
     overrides: Optional[list[str]] = typer.Argument(
-        None, metavar="[KEY=VALUE]...",
+        None, metavar="KEY=VALUE",
         help="Options over the config file's, e.g. data=states/ target=/models/T out=runs/d1 max_steps=600. "
              "Every option is a field of training.train_config.TrainConfig (see docs/training.md)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
@@ -51,8 +85,9 @@ def train(
 ) -> None:
     """Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.
 
-    The same arguments work under torchrun, and as `python -m training.trainer` on a GPU node
-    without the curator package. The run directory keeps the resolved options as train_config.json.
+    The same arguments work under torchrun, and as `python -m training.trainer` without curator.
+
+    The run directory keeps the resolved options as train_config.json.
     """
     try:
         cfg = load_run_config(config, overrides or [])
@@ -61,19 +96,7 @@ def train(
     from training.trainer import train as run_training
 
     is_main = int(os.environ.get("RANK", "0")) == 0
-    bar = progress(TextColumn("{task.fields[status]}"))
-    task = bar.add_task("train", total=None, status="")
-
-    def show(record: dict[str, Any]) -> None:
-        if record["split"] == "train":
-            bar.update(task, completed=record["step"], total=record["total_steps"],
-                       status=f"{loss_text(record)}  acc {_fmt_acc(record['acc'][:3])}  "
-                              f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
-        else:
-            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
-                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
-                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
-
+    bar, show = training_progress()
     with bar if is_main else nullcontext():
         result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after)
     if not is_main:
@@ -83,10 +106,9 @@ def train(
                                    ("checkpoint", str(result.checkpoint)),
                                    ("draft vocab coverage", f"{100 * result.vocab.get('coverage', 0):.2f}%")]
     if result.train:
-        rows += [("train loss", loss_text(result.train)), ("train accept length", result.train["accept_length"])]
+        rows += [("train loss", loss_text(result.train)), *accept_length_rows(result.train, "train").items()]
     if result.eval:
-        rows += [("eval loss", loss_text(result.eval)), ("eval accept length", result.eval["accept_length"]),
-                 ("eval simulated accept length", result.eval.get("sim_accept_length"))]
+        rows += [("eval loss", loss_text(result.eval)), *accept_length_rows(result.eval, "eval").items()]
     console.print(summary_table("curator train", rows))
     if not (result.eval or result.train or {}).get("target_entropy"):
         console.print(f"[dim]{LOSS_NOTE}[/]", highlight=False)

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.markup import escape
+from rich.progress import TextColumn
 
 from curator.catalog import Catalog
 from curator.cpu import set_torch_threads
@@ -39,7 +41,7 @@ from curator.demo.corpus import (
 )
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import ConfigError, CuratorError
-from curator.ui import console, quiet_library_progress, summary_table
+from curator.ui import console, progress, quiet_library_progress, summary_table
 from training.atomic import write_json
 
 STATE_FILE = "demo-state.json"
@@ -55,6 +57,11 @@ OUTPUTS = {
     "eval": ("heldout.jsonl", "eval.json"),
     "report": ("report.html", "report.json", STATE_FILE),
 }
+# The demo's models are a few hundred thousand parameters: each op is too small to share out, and
+# a second thread only waits for a core (on a busy 2-core machine one target step took 3.0-3.8 s
+# on 2 threads, 0.5-1.4 s on 1). One thread also makes every float sum, and so the figures, the
+# same on any machine.
+DEMO_THREADS = 1
 # A regenerated answer whose most common token is at least this share of it is one token repeated.
 REPEATED_TOKEN_SHARE = 0.5
 
@@ -84,7 +91,17 @@ QUICK = DemoSettings(rows_per_source=16, target_steps=80, gen_max_tokens=32, tra
 
 
 def _cmd(argv: list[str]) -> str:
-    return "curator " + " ".join(shlex.quote(a) for a in argv)
+    """Return `argv` as a `curator ...` line a POSIX shell reads back as the same arguments."""
+    return "curator " + " ".join(shell_word(a) for a in argv)
+
+
+def shell_word(arg: str) -> str:
+    """Return `arg` quoted for a POSIX shell as a person would write it: SQL with quotes inside
+    goes in double quotes (shlex.quote would splice in '"'"' for every single quote)."""
+    quoted = shlex.quote(arg)
+    if quoted != arg and "'" in arg and not any(c in arg for c in '"$`\\!'):
+        return f'"{arg}"'
+    return quoted
 
 
 def repeated_token_share(token_ids: list[int]) -> float:
@@ -157,7 +174,14 @@ class Demo:
             return
         self._remove(OUTPUTS.get(stage, ()))
         start = time.perf_counter()
-        figures = fn()
+        import torch
+
+        threads = torch.get_num_threads()
+        set_torch_threads(DEMO_THREADS)
+        try:
+            figures = fn()
+        finally:
+            set_torch_threads(threads)  # a caller's own torch work keeps its threads
         self.report.stages.append(StageResult(stage, time.perf_counter() - start, figures, command))
         if figures:
             console.print(summary_table(stage, list(figures.items())))
@@ -175,8 +199,8 @@ class Demo:
         self.w.mkdir(parents=True, exist_ok=True)
         self._load_state()
         quiet_library_progress()
-        threads = set_torch_threads()
-        console.print(f"[dim]torch uses {threads} thread(s): the CPUs this process may run on[/]", highlight=False)
+        console.print(f"[dim]torch uses {DEMO_THREADS} thread: the demo's models are too small to gain from more, "
+                      "and one thread gives the same figures on any machine[/]", highlight=False)
         self.scout()
         self.approve()
         self.build_mix()
@@ -287,7 +311,15 @@ class Demo:
             )
             add_tool_tokens(model, tokenizer)  # tool calls in the target's own special tokens
             rows = chat_token_batches(tokenizer, demo_conversations(self.s.seed), seq_len=256)
-            losses = train_causal_lm(model, rows, steps=self.s.target_steps, batch_size=16, lr=3e-3, seed=self.s.seed)
+            bar = progress(TextColumn("{task.fields[loss]}"))
+            task = bar.add_task("target", total=self.s.target_steps, loss="")
+
+            def show(step: int, loss: float | None) -> None:
+                bar.update(task, completed=step, loss="" if loss is None else f"loss {loss:.3f}")
+
+            with bar:
+                losses = train_causal_lm(model, rows, steps=self.s.target_steps, batch_size=16, lr=3e-3,
+                                         seed=self.s.seed, on_step=show)
             save_target(model, tokenizer, self.w / "target")
             first, last = sum(losses[:10]) / len(losses[:10]), sum(losses[-10:]) / len(losses[-10:])
             if last > 0.7 * first:
@@ -310,7 +342,11 @@ class Demo:
                 "--batch-size", "64", "--catalog", str(self.catalog)]
 
         def fn() -> dict[str, Any]:
-            stats = generate(config)
+            from curator.commands.generate import _LiveProgress
+
+            bar = progress(TextColumn("{task.fields[info]}"))
+            with bar:
+                stats = generate(config, on_progress=_LiveProgress(bar))
             Catalog.open(self.catalog).record_generation_run(stats.run_id, str(config.mix), str(out), config.model,
                                                              stats.endpoints, stats.as_dict())
             repeated = self._check_answers(out)
@@ -396,12 +432,15 @@ class Demo:
         config_path = self.w / "train.yaml"
 
         def fn() -> dict[str, Any]:
+            from curator.commands.train import accept_length_rows, training_progress
             from training.train_config import load_run_config
             from training.trainer import train
 
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             cfg = load_run_config(config_path)
-            result = train(cfg)
+            bar, show = training_progress()
+            with bar:
+                result = train(cfg, on_metrics=show)
             with Catalog.open(self.catalog) as cat:
                 cat.record_training_run(result.run_dir.name, result.run_dir, cfg.to_dict(),
                                         {"train": result.train, "eval": result.eval, "vocab": result.vocab,
@@ -410,8 +449,7 @@ class Demo:
             self.report.train_log = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             last = result.eval or {}
             return {"steps": f"{result.step} of {self.s.train_steps}", "eval acc (step 0)": (last.get("acc") or [None])[0],
-                    "eval accept length": last.get("accept_length"),
-                    "eval simulated accept length": last.get("sim_accept_length")}
+                    **accept_length_rows(last, "eval")}
 
         self._stage("train", _cmd(["train", "--config", str(config_path), "--catalog", str(self.catalog)]), fn)
 
@@ -468,16 +506,15 @@ class Demo:
             chosen, _ = load_prompt_file(prompts)
             target, tokenizer = load_target(self.w / "target", "cpu")
             drafter = load_draft(self.w / "export", self.w / "target")
-            # One token at a time through two small models: a single thread does not wait on the others.
-            set_torch_threads(1)
-            try:
+            with progress() as bar:
+                task = bar.add_task("speculative decoding", total=len(chosen))
                 result = evaluate(target, tokenizer, DraftProposer(drafter), chosen, steps=self.s.eval_steps,
-                                  max_new_tokens=self.s.eval_max_new_tokens, tie_margin=1e-4)
+                                  max_new_tokens=self.s.eval_max_new_tokens, tie_margin=1e-4,
+                                  on_prompt=lambda _: bar.advance(task))
+            with console.status("offline estimate on held-out hidden states"):
                 result.offline = offline_estimate(drafter.float(), self.w / "states", self.w / "target",
                                                   held_out_split(self.w / "export"), steps=self.s.eval_steps,
                                                   max_new_tokens=self.s.eval_max_new_tokens)
-            finally:
-                set_torch_threads()
             data = {"model": str(self.w / "target"), "draft": str(self.w / "export"), "prompts": str(prompts),
                     **result.to_json()}
             write_json(out, data)
@@ -508,6 +545,9 @@ class Demo:
         for warning in self.report.warnings:
             console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
         console.print(f"open [bold]{html_path}[/] in a browser for the plots")
+        review = _cmd(["sql", "SELECT * FROM candidate_summary ORDER BY best_relevance DESC", "--catalog",
+                       str(self.catalog)])
+        console.print(f"review what the scouts found: [bold]{escape(review)}[/]", highlight=False)
 
 
 def run_demo(workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False) -> DemoReport:

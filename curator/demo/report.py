@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from curator.loss_report import LOSS_NOTE
-from curator.ui import human_bytes
+from curator.ui import format_value, human_bytes
 from training.atomic import write_text
 
 
@@ -118,14 +118,6 @@ def plots(report: DemoReport) -> dict[str, str]:
     return out
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3g}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)
-
-
 def write_html(report: DemoReport, path: str | Path) -> Path:
     """Write the report page to `path` (atomically); return the path."""
     path = Path(path)
@@ -151,7 +143,7 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         parts.append(f"<p><b>Warning:</b> {html.escape(warning)}</p>")
     parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>seconds</th><th>figures</th><th>command</th></tr>")
     for stage in report.stages:
-        figures = "<br>".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in stage.figures.items())
+        figures = "<br>".join(f"{html.escape(k)}: {html.escape(format_value(v))}" for k, v in stage.figures.items())
         parts.append(
             f"<tr><td>{html.escape(stage.name)}</td><td>{stage.seconds:.1f}</td><td>{figures}</td>"
             f"<td><code>{html.escape(stage.command)}</code></td></tr>"
@@ -171,7 +163,7 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("target train steps", str(steps)))
     found = report.figure("scout", "candidates")
     if found is not None:
-        rows.append(("candidates found", _fmt(found)))
+        rows.append(("candidates found", format_value(found)))
     if report.mix_counts:
         rows.append(("mix composition", ", ".join(f"{k} {v}" for k, v in sorted(report.mix_counts.items()))))
     tps = report.figure("generate", "output tok/s")

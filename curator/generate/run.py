@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 import signal
 import time
 import uuid
@@ -155,6 +156,9 @@ def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | No
     from transformers import AutoTokenizer
 
     source = config.tokenizer or config.model
+    if _names_a_folder(source) and not Path(source).expanduser().is_dir():
+        flag = "--tokenizer" if config.tokenizer else "--model"
+        raise ConfigError(f"{flag} {source}: no such folder (give the target's model folder, or its Hub id)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
@@ -165,6 +169,11 @@ def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | No
     kwargs = params.extra_body.get("chat_template_kwargs") if isinstance(params.extra_body, dict) else None
     renderer = PromptRenderer(tokenizer, kwargs if isinstance(kwargs, dict) else None)
     return TokenMode(renderer, config.engine, config.model, params)
+
+
+def _names_a_folder(source: str) -> bool:
+    """Return whether `source` is written as a path, not a Hub id (`owner/name`)."""
+    return source.startswith(("/", ".", "~")) or source.count("/") > 1 or Path(source).exists()
 
 
 def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
@@ -205,7 +214,19 @@ async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot
         raise ConfigError("no --endpoint given (the openai backend needs at least one server URL)")
     mix = open_mix(config.mix)  # before anything is created: an unfinished mix is refused
     out = Path(config.out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return await _generate_into(config, mix, out, on_progress)
+    except BaseException:
+        # a run refused before its first request (a server down, a bad tokenizer) leaves no empty folder
+        if created and not (out / META_FILE).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+async def _generate_into(config: GenerateConfig, mix: Mix, out: Path,
+                         on_progress: Callable[[Snapshot], None] | None) -> GenerationStats:
     with OutputLock(out):
         backend = make_backend(config)
         try:

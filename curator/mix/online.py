@@ -11,12 +11,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 from curator.errors import HubError
+from curator.hub import PROBE_TIMEOUT_S, unreachable
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-PROBE_TIMEOUT_S = 3.0
 OFFLINE_ENV = "HF_HUB_OFFLINE"
 
 
@@ -35,12 +33,11 @@ def require_hub(datasets: Sequence[str], endpoint: str | None = None, timeout_s:
     if not datasets or offline():
         return
     url = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    try:
-        httpx.head(f"{url}/api/datasets", timeout=timeout_s, follow_redirects=False)
-    except httpx.TransportError as exc:
+    why = unreachable(url, timeout_s)
+    if why is not None:
         names = ", ".join(dict.fromkeys(datasets))
         raise HubError(
-            f"cannot reach the Hub at {url} ({type(exc).__name__}), so {len(set(datasets))} source(s) cannot be "
+            f"cannot reach the Hub at {url} ({why}), so {len(set(datasets))} source(s) cannot be "
             f"read: {names}. To read them from the local datasets cache, run with --offline "
             f"({OFFLINE_ENV}=1); or point those sources at local files (path: ...)"
-        ) from None
+        )

@@ -1,0 +1,91 @@
+"""The demo's figures that the README quotes, from a demo run and from the README's own text.
+
+`bench/results/demo-figures.json` records them for the default demo (what the README quotes)
+and for `--quick` (what the test suite runs), with the settings they were made with. Tests hold
+the README to the default run's figures, and the suite's `--quick` demo to the quick ones, so
+that a change in what the demo learns fails a test until the demo is run again:
+
+    curator demo --workdir /tmp/demo --fresh
+    curator demo --workdir /tmp/demo-quick --quick --fresh
+    python3 -m bench.demo_figures --default /tmp/demo --quick /tmp/demo-quick   # rewrites the file
+
+then the README's demo paragraph takes the new figures (`tests/test_first_hour_readme.py` says
+which differ). Every demo stage is seeded and runs torch on one thread, so a run gives the same
+figures on any machine; only the wall time depends on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+RECORD = Path(__file__).resolve().parent / "results" / "demo-figures.json"
+
+
+def run_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """Return the figures the README quotes from a demo run's report.json."""
+    generate = next(s for s in report["stages"] if s["name"] == "generate")["figures"]
+    return {
+        "acceptance measured": round(report["acceptance_length"], 2),
+        "acceptance agentic": round(report["acceptance_length_agentic"], 2),
+        "acceptance simulated": round(report["acceptance_length_estimated"], 2),
+        "tool calls written": generate["tool calls written"],
+    }
+
+
+def readme_figures(text: str) -> dict[str, Any]:
+    """Return the demo figures quoted in the README's demo paragraph (ValueError when it lost one)."""
+    acceptance = re.search(r"measured an acceptance length of (\d\.\d\d) \((\d\.\d\d) on the\s+tool-calling "
+                           r"prompts\) against (\d\.\d\d) simulated", text)
+    calls = re.search(r"(\d+) of the (\d+) regenerated answers\s+to prompts that declare tools are tool calls", text)
+    if acceptance is None or calls is None:
+        raise ValueError("the README's demo paragraph no longer quotes the acceptance lengths and tool calls "
+                         "in the form bench/demo_figures.py reads")
+    return {
+        "acceptance measured": float(acceptance[1]),
+        "acceptance agentic": float(acceptance[2]),
+        "acceptance simulated": float(acceptance[3]),
+        "tool calls written": f"{calls[1]} of {calls[2]}",
+    }
+
+
+def record(default_dir: Path | None, quick_dir: Path | None, out: Path = RECORD) -> dict[str, Any]:
+    """Write the figures of a default and/or a quick demo run (their workdirs) into `out`, keeping
+    the other run's figures already there; return the file's content."""
+    from curator.demo.pipeline import DEMO_THREADS, QUICK, STATE_FILE, DemoSettings
+
+    def one(workdir: Path, settings: DemoSettings) -> dict[str, Any]:
+        state = json.loads((workdir / STATE_FILE).read_text())
+        if state["settings"] != asdict(settings):
+            raise SystemExit(f"{workdir} was made with other settings than today's")
+        report = json.loads((workdir / "report.json").read_text())
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        return {"settings": asdict(settings), "code": commit, **run_figures(report),
+                "stage seconds": {s["name"]: round(s["seconds"], 1) for s in report["stages"]}}
+
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data.update({"made_by": "python3 -m bench.demo_figures (see its docstring)", "torch_threads": DEMO_THREADS})
+    if default_dir is not None:
+        data["default"] = one(default_dir, DemoSettings())
+    if quick_dir is not None:
+        data["quick"] = one(quick_dir, QUICK)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--default", type=Path, help="workdir of `curator demo --fresh`")
+    parser.add_argument("--quick", type=Path, help="workdir of `curator demo --quick --fresh`")
+    args = parser.parse_args()
+    print(json.dumps(record(args.default, args.quick), indent=1))
+
+
+if __name__ == "__main__":
+    main()
