@@ -34,6 +34,7 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
         "acceptance measured": round(report["acceptance_length"], 2),
         "acceptance agentic": round(report["acceptance_length_agentic"], 2),
         "acceptance simulated": round(report["acceptance_length_estimated"], 2),
+        "acceptance traffic-weighted": round(report["acceptance_length_traffic"], 2),
         "tool calls written": generate["tool calls written"],
     }
 
@@ -42,14 +43,16 @@ def readme_figures(text: str) -> dict[str, Any]:
     """Return the demo figures quoted in the README's demo paragraph (ValueError when it lost one)."""
     acceptance = re.search(r"measured an acceptance length of (\d\.\d\d) \((\d\.\d\d) on the\s+tool-calling "
                            r"prompts\) against (\d\.\d\d) simulated", text)
+    traffic = re.search(r"weighted by the traffic's\s+category shares, (\d\.\d\d)", text)
     calls = re.search(r"(\d+) of the (\d+) regenerated answers\s+to prompts that declare tools are tool calls", text)
-    if acceptance is None or calls is None:
+    if acceptance is None or calls is None or traffic is None:
         raise ValueError("the README's demo paragraph no longer quotes the acceptance lengths and tool calls "
                          "in the form bench/demo_figures.py reads")
     return {
         "acceptance measured": float(acceptance[1]),
         "acceptance agentic": float(acceptance[2]),
         "acceptance simulated": float(acceptance[3]),
+        "acceptance traffic-weighted": float(traffic[1]),
         "tool calls written": f"{calls[1]} of {calls[2]}",
     }
 

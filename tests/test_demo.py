@@ -11,7 +11,7 @@ from bench.demo_figures import RECORD, run_figures
 from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
-from curator.mix.schema import MANIFEST
+from curator.mix.schema import MANIFEST, open_mix
 from training.store import HiddenStateStore
 
 
@@ -33,6 +33,17 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     assert manifest["total"]["kept"] > 50
     assert {s["category"] for s in manifest["sources"]} >= {"agentic", "chat", "code"}
 
+    # The traffic steers the mix: profiled (its e-mail addresses never copied), matched, held out.
+    profile_text = (work / "profile.json").read_text()
+    assert "@example.com" in (work / "traffic.jsonl").read_text() and "@example.com" not in profile_text
+    assert "@example.com" not in err
+    shares = {name: c["share"] for name, c in json.loads(profile_text)["categories"].items()}
+    assert shares["agentic"] > 0.3 and shares["code"] > 0.3
+    assert manifest["match"]["categories"]["agentic"]["target_share"] == pytest.approx(shares["agentic"], abs=1e-6)
+    heldout = {r.id for r in open_mix(work / "mix" / ".heldout").rows()}
+    # eval_prompts conversations held out (a request repeated in the log goes with its conversation)
+    assert len(heldout) >= QUICK.eval_prompts and not heldout & {r.id for r in open_mix(work / "mix").rows()}
+
     rows = [json.loads(line) for shard in sorted((work / "gen").glob("shard-*.jsonl")) for line in shard.read_text().splitlines()]
     assert len(rows) == manifest["total"]["kept"]
     assert len({r["id"] for r in rows}) == len(rows)
@@ -47,7 +58,8 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
 
     report = json.loads((work / "eval.json").read_text())
-    assert report["prompts_decoded"] > 0 and report["acceptance_length"] >= 1.0
+    assert report["prompts_decoded"] == len(heldout) and report["acceptance_length"] >= 1.0
+    assert report["prompts"].endswith(".heldout") and report["traffic_weighted"]["acceptance_length"] >= 1.0
     # The demo is seeded and runs on one thread: it learns what the recorded quick run learnt, or
     # the code changed what it learns and the README's figures of the default run are stale too.
     recorded = json.loads(RECORD.read_text())["quick"]
@@ -62,7 +74,7 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     assert "$ curator build-mix --recipe" in err and "$ curator eval --model" in err
     summary = json.loads((work / "report.json").read_text())
     names = [s["name"] for s in summary["stages"]]
-    assert names == ["scout", "review", "build-mix", "target", "generate", "plan", "hidden-states", "train",
+    assert names == ["scout", "review", "profile", "build-mix", "target", "generate", "plan", "hidden-states", "train",
                      "export", "doctor", "doctor (EAGLE)", "eval"]
     target = next(s for s in summary["stages"] if s["name"] == "target")
     assert target["figures"]["train steps"] == f"{QUICK.target_steps} of {QUICK.target_steps}"

@@ -264,16 +264,34 @@ def demo_texts(seed: int = 0, n: int = 1200) -> list[str]:
     return texts
 
 
-def write_heldout_prompts(path: str | Path, seed: int = 99, n: int = 24) -> Path:
-    """Write `n` held-out evaluation prompts as JSONL ({id, category, messages}); return the path."""
+# The demo traffic's known mix: agentic-heavy, as the original case's deployment is.
+TRAFFIC_SHARES = {"agentic": 0.45, "code": 0.35, "chat": 0.20}
+
+
+def write_demo_traffic(path: str | Path, seed: int = 7, n: int = 120) -> Path:
+    """Write `n` requests as an OpenAI-compatible server's request log (one request a line, every
+    third wrapped as a request-log middleware writes it: `{"ts", "body": {...}}`); return the path.
+
+    The requests come from the same templates as the demo sources (so the demo target knows them),
+    in the skewed mix of TRAFFIC_SHARES: tool-calling requests with `tools` declared, coding and
+    debugging requests, and concept questions. One request in ten carries an e-mail address, which
+    the profile must never copy.
+    """
     rng = random.Random(seed)
-    makers = [("code", coding_pair), ("chat", concept_pair), ("debugging", debug_pair),
-              ("agentic", lambda r: (f"Please run {r.choice(TOOLS)} for {r.choice(CITIES)}.", ""))]
-    rows = []
+    lines = []
     for i in range(n):
-        category, make = makers[i % len(makers)]
-        prompt, _ = make(rng)
-        rows.append({"id": f"heldout-{i}", "category": category, "messages": [{"role": "user", "content": prompt}]})
+        draw = rng.random()
+        if draw < TRAFFIC_SHARES["agentic"]:
+            conv = tool_conversation(rng, i)
+            request: dict[str, Any] = {"model": "demo", "messages": conv["messages"][:1], "tools": conv["tools"]}
+        else:
+            make = (rng.choice((coding_pair, debug_pair)) if draw < TRAFFIC_SHARES["agentic"] + TRAFFIC_SHARES["code"]
+                    else concept_pair)
+            prompt, _ = make(rng)
+            if i % 10 == 3:
+                prompt += " Reply to dev@example.com."
+            request = {"model": "demo", "messages": [{"role": "user", "content": prompt}]}
+        lines.append(json.dumps({"ts": 1_764_600_000 + i, "body": request} if i % 3 == 0 else request))
     out = Path(path)
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

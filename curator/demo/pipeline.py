@@ -37,7 +37,7 @@ from curator.demo.corpus import (
     demo_conversations,
     demo_texts,
     write_demo_sources,
-    write_heldout_prompts,
+    write_demo_traffic,
 )
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import ConfigError, CuratorError
@@ -48,13 +48,14 @@ STATE_FILE = "demo-state.json"
 # What each stage writes in the workdir (glob patterns): removed before the stage (re)runs, and by --fresh.
 OUTPUTS = {
     "scout": ("catalog.duckdb*", "proposed-recipe.yaml"),  # the catalog and the files kept beside it
+    "profile": ("traffic.jsonl", "profile.json"),
     "build-mix": ("sources", "mix", "demo-recipe.yaml"),
     "target": ("target",),
     "generate": ("gen",),
     "hidden-states": ("states",),
     "train": ("run", "train.yaml"),
     "export": ("export",),
-    "eval": ("heldout.jsonl", "eval.json"),
+    "eval": ("eval.json",),
     "report": ("report.html", "report.json", STATE_FILE),
 }
 # The demo's models are a few hundred thousand parameters: each op is too small to share out, and
@@ -71,6 +72,7 @@ class DemoSettings:
     """Sizes of the demo; the defaults finish in about 2.5 minutes on 2 idle CPU cores."""
 
     rows_per_source: int = 48
+    traffic_requests: int = 120
     target_hidden: int = 128
     target_layers: int = 4
     target_vocab: int = 1024
@@ -86,7 +88,7 @@ class DemoSettings:
     seed: int = 0
 
 
-QUICK = DemoSettings(rows_per_source=16, target_steps=80, gen_max_tokens=32, train_steps=20, train_batch=4,
+QUICK = DemoSettings(rows_per_source=16, traffic_requests=48, target_steps=80, gen_max_tokens=32, train_steps=20, train_batch=4,
                      train_max_length=192, eval_prompts=6, eval_max_new_tokens=24)
 
 
@@ -150,7 +152,8 @@ class Demo:
                        "acceptance_measured": r.acceptance_measured, "acceptance_estimated": r.acceptance_estimated,
                        "acceptance_length": r.acceptance_length,
                        "acceptance_length_estimated": r.acceptance_length_estimated,
-                       "acceptance_agentic": r.acceptance_agentic},
+                       "acceptance_agentic": r.acceptance_agentic, "acceptance_traffic": r.acceptance_traffic,
+                       "traffic_shares": r.traffic_shares},
         }, indent=1, default=str)
 
     def _remove(self, patterns: tuple[str, ...]) -> None:
@@ -203,6 +206,7 @@ class Demo:
                       "and one thread gives the same figures on any machine[/]", highlight=False)
         self.scout()
         self.approve()
+        self.profile()
         self.build_mix()
         self.make_target()
         self.generate()
@@ -261,18 +265,36 @@ class Demo:
 
         self._stage("review", _cmd(["sql", sql, "--catalog", str(self.catalog)]), fn)
 
+    def profile(self) -> None:
+        from curator.traffic.profile import build_profile, write_profile
+
+        traffic, out = self.w / "traffic.jsonl", self.w / "profile.json"
+
+        def fn() -> dict[str, Any]:
+            # The deployment's request log stands in as a file of templates (agentic-heavy, known mix).
+            write_demo_traffic(traffic, n=self.s.traffic_requests)
+            profile = build_profile(traffic)
+            write_profile(profile, out)
+            self.report.traffic_shares = {name: c.share for name, c in profile.categories.items() if c.share}
+            return {"requests": sum(c.rows for c in profile.categories.values()),
+                    **{name: f"{c.share:.0%}" for name, c in profile.categories.items() if c.share}}
+
+        self._stage("profile", _cmd(["profile", "--traffic", str(traffic), "--out", str(out)]), fn)
+
     def build_mix(self) -> None:
         from curator.mix.build import build_mix
         from curator.mix.recipe import load_recipe
 
         recipe_path = self.w / "demo-recipe.yaml"
         mix_dir = self.w / "mix"
+        profile = self.w / "profile.json"
 
         def fn() -> dict[str, Any]:
             sources = write_demo_sources(self.w / "sources", seed=self.s.seed, rows_per_source=self.s.rows_per_source)
             # The approved datasets cannot be downloaded offline; the demo files stand in for them,
             # one per row format, so the same normalisers run as on the real data.
-            categories = {"sharegpt": "chat", "messages": "chat", "alpaca": "debugging", "magicoder": "code",
+            # Named by the traffic's categories, so that --match can give each its share of the traffic.
+            categories = {"sharegpt": "chat", "messages": "chat", "alpaca": "code", "magicoder": "code",
                           "swe-agent": "agentic", "glaive": "agentic", "xlam": "agentic", "tools": "agentic",
                           "openthoughts": "reasoning"}
             recipe = {
@@ -282,23 +304,30 @@ class Demo:
                     {"path": str(path), "name": f"demo-{fmt}", "format": "auto", "samples": self.s.rows_per_source,
                      "category": categories[fmt]}
                     for fmt, path in sources.items()
+                ] + [
+                    # the traffic itself: its prompts are regenerated like any other, and a held-out
+                    # split of its conversations (mix/.heldout) is what acceptance is measured on
+                    {"path": str(self.w / "traffic.jsonl"), "name": "demo-traffic", "format": "traffic",
+                     "samples": self.s.rows_per_source, "heldout": self.s.eval_prompts},
                 ],
                 "dedup": {"exact": True, "near": 0.9},
             }
             recipe_path.write_text("# DEMO recipe: local demo files stand in for the approved Hub datasets.\n"
                                    + yaml.safe_dump(recipe, sort_keys=False))
             mix_recipe = load_recipe(recipe_path)
-            manifest = build_mix(mix_recipe, mix_dir)
+            manifest = build_mix(mix_recipe, mix_dir, match=profile)
             Catalog.open(self.catalog).record_mix(mix_recipe.name, mix_dir, mix_recipe.model_dump(mode="json"), manifest)
             counts: dict[str, int] = {}
-            for source in manifest["sources"]:
-                counts[source["category"]] = counts.get(source["category"], 0) + source["kept"]
+            for source in manifest["sources"]:  # a traffic source's rows are classified one by one
+                for category, got in (source.get("categories") or {source["category"]: {"kept": source["kept"]}}).items():
+                    counts[category] = counts.get(category, 0) + got["kept"]
             self.report.mix_counts = counts
             total = manifest["total"]
-            return {"prompts": total["kept"], "duplicates": total["duplicates"], "malformed": total["malformed"]}
+            return {"prompts": total["kept"], "duplicates": total["duplicates"], "malformed": total["malformed"],
+                    "held-out traffic": (manifest.get("heldout") or {}).get("rows", 0)}
 
-        self._stage("build-mix", _cmd(["build-mix", "--recipe", str(recipe_path), "--out", str(mix_dir),
-                                       "--catalog", str(self.catalog)]), fn)
+        self._stage("build-mix", _cmd(["build-mix", "--recipe", str(recipe_path), "--match", str(profile),
+                                       "--out", str(mix_dir), "--catalog", str(self.catalog)]), fn)
 
     def make_target(self) -> None:
         def fn() -> dict[str, Any]:
@@ -491,19 +520,23 @@ class Demo:
         self._stage("doctor (EAGLE)", _cmd([*base, "--launch", self._launch("EAGLE")]), check("EAGLE", False))
 
     def eval(self) -> None:
-        prompts = self.w / "heldout.jsonl"
+        # the traffic's held-out conversations (build-mix kept them out of the mix), weighed by its profile
+        prompts = self.w / "mix" / ".heldout"
+        profile = self.w / "profile.json"
         out = self.w / "eval.json"
         argv = ["eval", "--model", str(self.w / "target"), "--draft", str(self.w / "export"), "--prompts", str(prompts),
-                "--steps", str(self.s.eval_steps), "--max-new-tokens", str(self.s.eval_max_new_tokens),
-                "--data", str(self.w / "states"), "--device", "cpu", "--json", str(out)]
+                "--profile", str(profile), "--steps", str(self.s.eval_steps), "--max-new-tokens",
+                str(self.s.eval_max_new_tokens), "--data", str(self.w / "states"), "--device", "cpu", "--json", str(out)]
 
         def fn() -> dict[str, Any]:
-            from training.evaluate import (DraftProposer, evaluate, held_out_split, load_prompt_file, load_target,
-                                           offline_estimate)
+            from curator.mix.prompts import mix_prompts
+            from curator.traffic.weighting import eval_weights
+            from training.evaluate import DraftProposer, evaluate, held_out_split, load_target, offline_estimate
             from training.export import load_draft
+            from training.simulate import traffic_weighted
 
-            write_heldout_prompts(prompts, n=self.s.eval_prompts)
-            chosen, _ = load_prompt_file(prompts)
+            chosen, _ = mix_prompts(prompts)
+            weights = eval_weights(profile)
             target, tokenizer = load_target(self.w / "target", "cpu")
             drafter = load_draft(self.w / "export", self.w / "target")
             with progress() as bar:
@@ -514,21 +547,25 @@ class Demo:
             with console.status("offline estimate on held-out hidden states"):
                 result.offline = offline_estimate(drafter.float(), self.w / "states", self.w / "target",
                                                   held_out_split(self.w / "export"), steps=self.s.eval_steps,
-                                                  max_new_tokens=self.s.eval_max_new_tokens)
+                                                  max_new_tokens=self.s.eval_max_new_tokens,
+                                                  traffic_shares=weights.shares, traffic_groups=weights.groups)
+            result.traffic = traffic_weighted(result.categories, weights.shares, weights.groups)
             data = {"model": str(self.w / "target"), "draft": str(self.w / "export"), "prompts": str(prompts),
-                    **result.to_json()}
+                    "profile": str(profile), **result.to_json()}
             write_json(out, data)
             self.report.acceptance_length = data["acceptance_length"]
             self.report.acceptance_measured = [r["rate"] for r in data["overall"]["per_position"]]
             agentic = (data.get("categories") or {}).get("agentic") or {}
             self.report.acceptance_agentic = agentic.get("acceptance_length")
+            self.report.acceptance_traffic = result.traffic["acceptance_length"]
             simulated = (data.get("offline_estimate") or {}).get("simulated") or {}
             if simulated.get("acceptance_length") is not None:
                 self.report.acceptance_length_estimated = float(simulated["acceptance_length"])
             self.report.acceptance_estimated = [float(r["rate"]) for r in simulated["overall"]["per_position"]
                                                 if r["rate"] is not None] if simulated else []
             return {"prompts": data["prompts_decoded"], "acceptance length": self.report.acceptance_length,
-                    "agentic": self.report.acceptance_agentic, "estimated": self.report.acceptance_length_estimated}
+                    "traffic-weighted": self.report.acceptance_traffic, "agentic": self.report.acceptance_agentic,
+                    "estimated": self.report.acceptance_length_estimated}
 
         self._stage("eval", _cmd(argv), fn)
 
@@ -539,7 +576,9 @@ class Demo:
              "warnings": self.report.warnings,
              "acceptance_length": self.report.acceptance_length,
              "acceptance_length_estimated": self.report.acceptance_length_estimated,
-             "acceptance_length_agentic": self.report.acceptance_agentic}, indent=1, default=str))
+             "acceptance_length_agentic": self.report.acceptance_agentic,
+             "acceptance_length_traffic": self.report.acceptance_traffic,
+             "traffic_shares": self.report.traffic_shares}, indent=1, default=str))
         console.rule("[bold]report")
         console.print(summary_table("curator demo", summary_rows(self.report)))
         for warning in self.report.warnings:

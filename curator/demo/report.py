@@ -42,6 +42,8 @@ class DemoReport:
     acceptance_length: float | None = None
     acceptance_length_estimated: float | None = None
     acceptance_agentic: float | None = None  # measured on the held-out tool-calling prompts
+    acceptance_traffic: float | None = None  # measured, weighted by the traffic profile's category shares
+    traffic_shares: dict[str, float] = field(default_factory=dict)  # the profile's categories
     warnings: list[str] = field(default_factory=list)  # signs that a stage learned nothing
 
     def figure(self, stage: str, key: str) -> Any:
@@ -164,6 +166,8 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
     found = report.figure("scout", "candidates")
     if found is not None:
         rows.append(("candidates found", format_value(found)))
+    if report.traffic_shares:
+        rows.append(("traffic profile", ", ".join(f"{k} {v:.0%}" for k, v in sorted(report.traffic_shares.items()))))
     if report.mix_counts:
         rows.append(("mix composition", ", ".join(f"{k} {v}" for k, v in sorted(report.mix_counts.items()))))
     tps = report.figure("generate", "output tok/s")
@@ -187,6 +191,8 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("how to read it", LOSS_NOTE))
     if report.acceptance_length is not None:
         rows.append(("acceptance length, measured", f"{report.acceptance_length:.2f}"))
+    if report.acceptance_traffic is not None:
+        rows.append(("acceptance length, traffic-weighted", f"{report.acceptance_traffic:.2f}"))
     if report.acceptance_agentic is not None:
         rows.append(("acceptance length, agentic prompts", f"{report.acceptance_agentic:.2f}"))
     if report.acceptance_length_estimated is not None:
