@@ -208,6 +208,16 @@ def httpx_failure(exc: Exception, what: str) -> Failure | None:
     return None
 
 
+def unreachable(url: str, timeout_s: float = 3.0) -> str | None:
+    """Return why `url` cannot be reached (the transport error's name), or None when it answers at all:
+    any HTTP status, even an error, shows that the network reaches the server."""
+    try:
+        httpx.head(url, timeout=timeout_s, follow_redirects=False)
+    except httpx.TransportError as exc:
+        return type(exc).__name__
+    return None
+
+
 def base_url(url: str) -> str:
     """Return a server's root URL: whitespace, trailing slashes and a trailing OpenAI-style
     '/v1' (or '/v1/chat/completions', '/v1/completions') removed, so 'http://h:30000/v1/' and

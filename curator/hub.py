@@ -219,11 +219,7 @@ PROBE_TIMEOUT_S = 3.0
 def unreachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Return why the Hub at `endpoint` cannot be reached (the transport error), or None when it
     answers at all: any HTTP status, even an error, shows that the network reaches it."""
-    try:
-        httpx.head(f"{endpoint.rstrip('/')}/api/datasets", timeout=timeout_s, follow_redirects=False)
-    except httpx.TransportError as exc:
-        return type(exc).__name__
-    return None
+    return http.unreachable(f"{endpoint.rstrip('/')}/api/datasets", timeout_s)
 
 
 class HubClient(ABC):

@@ -78,6 +78,7 @@ class LLMClient(Protocol):
 
     model: str
     retries: int
+    endpoint: str  # the server's address, probed before the agents start
 
     async def complete(
         self,
@@ -190,6 +191,7 @@ class AnthropicClient(_SharedMessages):
         has_credentials = any(getattr(self._client, name, None) for name in ("api_key", "auth_token", "credentials"))
         if not has_credentials:
             raise LLMError(MISSING_KEY_HELP)
+        self.endpoint = str(self._client.base_url)
 
     async def complete(
         self,
@@ -296,6 +298,7 @@ class OpenAIClient(_SharedMessages):
             raise LLMError("--llm openai needs --model NAME (the name the server serves)")
         self.model = model
         self.url = chat_completions_url(base_url)
+        self.endpoint = self.url
         self.max_output_tokens = max_output_tokens
         self.retry = retry or DEFAULT_RETRY
         self.retries = 0

@@ -103,3 +103,23 @@ def test_a_hub_that_accepts_but_never_answers_is_unreachable_within_the_probe_ti
         started = time.perf_counter()
         why = unreachable(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.5)
     assert why == "ReadTimeout" and time.perf_counter() - started < 3
+
+
+@pytest.mark.parametrize("llm", ["anthropic", "openai"])
+def test_agents_whose_model_server_cannot_be_reached_say_so_in_seconds(
+    llm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the Hub is the bundled snapshot; only the agents' model server is out of reach
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", closed)
+    import anthropic  # noqa: F401 - the SDK's import is not what is timed
+
+    catalog = tmp_path / "c.duckdb"
+    extra = ["--llm", "openai", "--base-url", f"{closed}/v1", "--model", "m"] if llm == "openai" else []
+    started = time.perf_counter()
+    code = main(["scout", "--hub", "bundled", "--agents", "2", "--no-live", "--catalog", str(catalog),
+                 "--agents-dir", str(AGENTS_DIR), "--recipe-out", str(tmp_path / "r.yaml"), *extra])
+    err = _one_line_error(code, capsys, started)
+    assert f"cannot reach the agents' model server at {closed}" in err and "--planner rules" in err
+    assert not catalog.exists()

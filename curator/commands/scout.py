@@ -14,8 +14,9 @@ import typer
 from rich.markup import escape
 
 from curator.catalog import Catalog
-from curator.errors import ConfigError, CuratorError, HubError
-from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
+from curator import http
+from curator.errors import ConfigError, CuratorError, HubError, LLMError
+from curator.hub import PROBE_TIMEOUT_S, HubClient, LiveHub, build_snapshot, open_hub
 from curator.llm import DEFAULT_RETRY, DEFAULT_TIMEOUT_S, LLMClient, make_client
 from curator.scout.agent import AgentBudget
 from curator.scout.briefs import Brief, categories, load_briefs, take
@@ -85,6 +86,11 @@ def scout(
     hub_client = open_hub(hub)
     if isinstance(hub_client, LiveHub):  # seconds to say so, not minutes of huggingface_hub's retries
         hub_client.require_reachable()
+    if client is not None:  # likewise, not a minute of retries in every agent
+        why = http.unreachable(client.endpoint, PROBE_TIMEOUT_S)
+        if why is not None:
+            raise LLMError(f"cannot reach the agents' model server at {http.public_url(client.endpoint)} ({why}); "
+                           "check --base-url (or ANTHROPIC_BASE_URL) and the network, or use --planner rules")
     cat = Catalog.open(catalog)
     config = ScoutConfig(
         goal=goal, planner=planner.value, model=client.model if client else None,
