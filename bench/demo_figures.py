@@ -43,7 +43,7 @@ def readme_figures(text: str) -> dict[str, Any]:
     """Return the demo figures quoted in the README's demo paragraph (ValueError when it lost one)."""
     acceptance = re.search(r"measured an acceptance length of (\d\.\d\d) \((\d\.\d\d) on the\s+tool-calling "
                            r"prompts\) against (\d\.\d\d) simulated", text)
-    traffic = re.search(r"weighted by the traffic's\s+category shares, (\d\.\d\d)", text)
+    traffic = re.search(r"weighted\s+by\s+the\s+traffic's\s+category\s+shares,\s+(\d\.\d\d)", text)
     calls = re.search(r"(\d+) of the (\d+) regenerated answers\s+to prompts that declare tools are tool calls", text)
     if acceptance is None or calls is None or traffic is None:
         raise ValueError("the README's demo paragraph no longer quotes the acceptance lengths and tool calls "
