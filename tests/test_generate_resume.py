@@ -36,6 +36,7 @@ def shard_ids(out: Path) -> Counter[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_resume_after_kill_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     n = 400
     mix = write_mix(tmp_path / "mix", rows(n), files=2)

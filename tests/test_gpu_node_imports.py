@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Libraries the GPU image lacks (pydantic is carried as wheels, so it may be imported).
@@ -34,6 +36,7 @@ def _import_without_data_side(modules: list[str]) -> subprocess.CompletedProcess
                           env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_gpu_stages_import_without_the_data_side_libraries() -> None:
     done = _import_without_data_side([
         "curator.mix.schema", "curator.mix.prompts", "curator.generate", "curator.capture",

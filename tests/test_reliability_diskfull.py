@@ -77,6 +77,7 @@ def test_build_mix_on_a_full_disk(tmp_path: Path) -> None:
     assert ".part-" not in left and "manifest.json" not in left  # no temporaries filling the disk, no mix
 
 
+@pytest.mark.slow
 def test_a_rebuild_stopped_by_a_full_disk_keeps_the_old_mix(tmp_path: Path) -> None:
     small, big = _chat_recipe(tmp_path, "small", 40), _chat_recipe(tmp_path, "big", 2000)
     disk = tmp_path / "disk"
@@ -87,6 +88,7 @@ def test_a_rebuild_stopped_by_a_full_disk_keeps_the_old_mix(tmp_path: Path) -> N
     assert _says_disk_full(err, disk / "mix") and "rows 40" in err
 
 
+@pytest.mark.slow
 def test_generate_on_a_full_disk(tmp_path: Path) -> None:
     mix = write_mix(tmp_path / "mix", [{"id": f"q{i:05d}", "messages": [{"role": "user", "content": "x" * 60 + str(i)}]}
                                        for i in range(2000)])
@@ -99,6 +101,7 @@ def test_generate_on_a_full_disk(tmp_path: Path) -> None:
     assert ".tmp-" not in left
 
 
+@pytest.mark.slow
 def test_hidden_states_on_a_full_disk(tiny_target: Path, tmp_path: Path) -> None:
     from tests.test_hidden_states import conversation, write_gen
 

@@ -38,6 +38,7 @@ def _one_line_error(err: str) -> str:
     return " ".join(err.split())
 
 
+@pytest.mark.slow
 def test_a_second_hidden_states_run_on_one_out_is_refused_naming_the_pid(
     tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -108,6 +108,7 @@ def exact_second_token(model, ids: list[int], sampling: Sampling) -> dict[int, f
     return {int(t): float(law[t]) for t in (law > 0).nonzero()[:, 0]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topk", [1, 2])
 def test_sampled_speculative_decoding_samples_the_target_whatever_the_draft(target, topk) -> None:
     model, tokenizer = target

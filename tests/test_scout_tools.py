@@ -299,6 +299,7 @@ print(ok, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_two_scout_writers_and_a_sql_loop_all_finish(tmp_path):
     import subprocess
     import sys
