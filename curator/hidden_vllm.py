@@ -36,7 +36,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import shlex
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -50,6 +49,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from curator import http
+from curator.engines import vllm
 from curator.errors import ConfigError, EndpointError
 from training.hidden_states import ExtractStats, PreparedSample, prepare_samples
 from training.store import HiddenStateSample, StoreMeta, StoreWriter
@@ -98,25 +98,8 @@ def server_command(
     tensor_parallel: int | None = None,
 ) -> str:
     """Return the `vllm serve` command that captures exactly the layers this store keeps."""
-    spec = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": engine_layer_ids(meta)}},
-    }
-    kv = {
-        "kv_connector": "ExampleHiddenStatesConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": shared_dir},
-    }
-    parts = ["vllm", "serve", model, "--port", str(port)]
-    if tensor_parallel:
-        parts += ["--tensor-parallel-size", str(tensor_parallel)]
-    parts += [
-        "--no-enable-chunked-prefill",  # each prompt must be captured in one prefill
-        "--speculative-config", json.dumps(spec, separators=(",", ":")),
-        "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
-    ]
-    return " ".join(shlex.quote(p) for p in parts)
+    return vllm.capture_server_command(model, engine_layer_ids(meta), shared_dir, port=port,
+                                       tensor_parallel=tensor_parallel)
 
 
 def layer_explanation(meta: StoreMeta) -> str:
@@ -294,13 +277,13 @@ class VllmExtractor:
     async def request(self, client: httpx.AsyncClient, url: str, s: PreparedSample) -> HiddenStateSample:
         """Return the sample captured by the engine at `url`; retry transient failures."""
         ids = s.input_ids.tolist()
-        body = {"model": self.opts.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
+        body = vllm.capture_request(ids, self.opts.model)
         policy = http.RetryPolicy(self.opts.retries + 1, self.opts.backoff_s, http.RetryPolicy().max_delay_s)
         file_problem = False
 
         async def once(attempt: int) -> HiddenStateSample:
             nonlocal file_problem
-            resp = await client.post(f"{url}/v1/completions", json=body, auth=self.opts.auth_for(url))
+            resp = await client.post(f"{url}{vllm.CAPTURE_PATH}", json=body, auth=self.opts.auth_for(url))
             resp.raise_for_status()
             try:
                 data = resp.json()
@@ -313,7 +296,7 @@ class VllmExtractor:
                 raise
 
         def classify(exc: Exception) -> http.Failure | None:
-            return http.Failure(str(exc), True) if isinstance(exc, _Retry) else http.httpx_failure(exc, f"{url}/v1/completions")
+            return http.Failure(str(exc), True) if isinstance(exc, _Retry) else http.httpx_failure(exc, f"{url}{vllm.CAPTURE_PATH}")
 
         tries = f"{policy.max_attempts} tries"
         try:
@@ -333,17 +316,14 @@ class VllmExtractor:
 
     async def read_answer(self, data: dict[str, Any], s: PreparedSample, ids: list[int]) -> HiddenStateSample:
         """Return the sample from an engine answer and its file; the file and its lock are removed once read."""
-        choice = (data.get("choices") or [{}])[0]
-        echoed = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
+        echoed, engine_path = vllm.capture_answer(data)
         if echoed is None:
             raise _Fatal(f"{self.opts.model}: the answer has no prompt_token_ids; use a vLLM that supports return_token_ids")
-        if list(echoed) != ids:
+        if echoed != ids:
             raise _Fatal(
                 f"the engine tokenised sample {s.id!r} differently ({len(echoed)} ids back for {len(ids)} sent); "
                 "it must receive token ids unchanged: serve the same model and tokenizer as --target-dir"
             )
-        params = data.get("kv_transfer_params") or choice.get("kv_transfer_params") or {}
-        engine_path = params.get("hidden_states_path")
         if not engine_path:
             raise _Fatal(
                 "the answer has no kv_transfer_params.hidden_states_path: start vLLM with the command from "

@@ -18,7 +18,7 @@ from curator.mix.formats import (
     to_prompt,
 )
 
-# One row per format, shaped like the dataset's documented schema (shared/REFERENCE.md).
+# One row per format, shaped like the dataset's documented schema (docs/reference.md).
 SHAREGPT = {  # Aeala/ShareGPT_Vicuna_unfiltered
     "id": "abc_0",
     "conversations": [

@@ -13,7 +13,13 @@
   labelled per engine and model; mean acceptance length = 1 + accepted / drafts, position k's rate =
   per_pos[k] / drafts. They are server-wide and cumulative: a run reads them before and after and
   takes the difference, so nothing else may use the server meanwhile;
-- hidden-state capture: the draft config's ids taken as layer inputs (training.layers.vllm_captured).
+- hidden-state capture: the draft config's ids taken as layer inputs (training.layers.vllm_captured);
+  the `extract_hidden_states` method (v1/spec_decode/extract_hidden_states.py) with the
+  ExampleHiddenStatesConnector (distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py):
+  `vllm serve` with `--speculative-config {"method": "extract_hidden_states", ...}` and
+  `--kv-transfer-config` naming the shared folder; one `POST /v1/completions` per sample (token-id
+  prompt, max_tokens 1, return_token_ids) whose answer names the file in
+  `kv_transfer_params.hidden_states_path` (curator/hidden_vllm.py reads and removes it).
 """
 
 from __future__ import annotations
@@ -261,6 +267,50 @@ def parse_token_answer(payload: Any, prompt_ids: Sequence[int], endpoint: str) -
         completion_tokens=int(usage.get("completion_tokens") or (len(ids) if int_list(ids) else 0)),
         stop_token=stop if isinstance(stop, int) and not isinstance(stop, bool) else None,
     )
+
+
+# ---------------------------------------------------------------- hidden-state capture
+
+
+CAPTURE_PATH = "/v1/completions"
+
+
+def capture_server_command(model: str, layer_ids: Sequence[int], shared_dir: str, *, port: int = 8000,
+                           tensor_parallel: int | None = None) -> str:
+    """Return the `vllm serve` command that writes the states of layers `layer_ids` of each prompt into `shared_dir`."""
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+    kv = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": shared_dir},
+    }
+    parts = ["vllm", "serve", model, "--port", str(port)]
+    if tensor_parallel:
+        parts += ["--tensor-parallel-size", str(tensor_parallel)]
+    parts += [
+        "--no-enable-chunked-prefill",  # each prompt must be captured in one prefill
+        "--speculative-config", json.dumps(spec, separators=(",", ":")),
+        "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
+    ]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def capture_request(prompt_ids: Sequence[int], model: str) -> dict[str, Any]:
+    """Return the body of the one-token request whose prefill the engine captures."""
+    return {"model": model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
+
+
+def capture_answer(data: dict[str, Any]) -> tuple[list[int] | None, str | None]:
+    """Return (the prompt ids the engine echoes, the hidden-states file it names) from a capture answer."""
+    choice = (data.get("choices") or [{}])[0]
+    echoed = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
+    params = data.get("kv_transfer_params") or choice.get("kv_transfer_params") or {}
+    path = params.get("hidden_states_path") if isinstance(params, dict) else None
+    return (list(echoed) if echoed is not None else None), (str(path) if path else None)
 
 
 # ---------------------------------------------------------------- bench-serve
