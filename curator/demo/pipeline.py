@@ -69,7 +69,7 @@ REPEATED_TOKEN_SHARE = 0.5
 
 @dataclass
 class DemoSettings:
-    """Sizes of the demo; the defaults finish in about 2.5 minutes on 2 idle CPU cores."""
+    """Sizes of the demo; the defaults finish in about 3.5 minutes on one free CPU core."""
 
     rows_per_source: int = 48
     traffic_requests: int = 120
