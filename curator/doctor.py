@@ -216,14 +216,14 @@ def _check_values(layout: DraftLayout, dvocab: int, vocab: int) -> list[Check]:
     """Return checks of the weights' values: all finite, d2t [draft_vocab] mapping into the target's vocabulary."""
     import torch  # here, not at the top: a usage error of `curator doctor` loads no torch
 
-    from training.draft_weights import nonfinite_names, vocab_map_problem
+    from training.draft_weights import nonfinite_tensors, vocab_map_problem
 
     bad: list[str] = []
     maps: dict[str, torch.Tensor] = {}
     for _, handle in _safetensors(layout.path):
         for key in handle.keys():
             tensor = handle.get_tensor(key)  # one at a time: a large draft's weights never all in memory
-            bad += nonfinite_names([(key, tensor)])
+            bad += nonfinite_tensors({key: tensor})
             if key in ("d2t", "t2d"):
                 maps[key] = tensor
     checks = []

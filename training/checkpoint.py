@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from training.atomic import write_text
 from training.diskspace import named_disk_full
 from training.draft import DraftConfig, Eagle3Draft
+from training.draft_weights import nonfinite_tensors
 from training.errors import DivergedError, ModelMismatchError, TrainingError
 from training.layers import check_layer_ids
 from training.target_head import load_embeddings
@@ -164,15 +165,6 @@ def load_checkpoint_draft(ckpt: str | Path, target_dir: str | Path | None = None
     if target and Path(target).exists():
         draft.load_embeddings(load_embeddings(target))
     return draft, meta
-
-
-def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Return the names of the floating-point tensors that hold NaN or inf (one host sync for all)."""
-    names = [k for k, v in tensors.items() if v.is_floating_point()]
-    if not names:
-        return []
-    finite = torch.stack([torch.isfinite(tensors[k]).all() for k in names]).cpu()
-    return [k for k, ok in zip(names, finite.tolist()) if not ok]
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:

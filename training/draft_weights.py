@@ -7,17 +7,19 @@ mis-shaped fc would otherwise be served, or fail later with an unnamed error.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 from training.draft import DraftConfig
 from training.errors import ModelMismatchError
 
 
-def nonfinite_names(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-    """Return the names of the floating-point tensors that hold NaN or inf."""
-    return [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Return the names of the floating-point tensors that hold NaN or inf (one host sync for all)."""
+    names = [k for k, v in tensors.items() if v.is_floating_point()]
+    if not names:
+        return []
+    finite = torch.stack([torch.isfinite(tensors[k]).all() for k in names]).cpu()
+    return [k for k, ok in zip(names, finite.tolist()) if not ok]
 
 
 def vocab_map_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> str | None:
@@ -37,7 +39,7 @@ def vocab_map_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -
 
 def check_servable(weights: dict[str, torch.Tensor], cfg: DraftConfig, where: str) -> None:
     """Raise ModelMismatchError naming every reason the weights (toolkit names) cannot be served."""
-    bad = nonfinite_names(weights.items())
+    bad = nonfinite_tensors(weights)
     if bad:
         raise ModelMismatchError(
             f"{where} holds NaN or inf in {', '.join(bad[:5])}{' and more' if len(bad) > 5 else ''}: the training "

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from training.checkpoint import nonfinite_tensors
+from training.draft_weights import nonfinite_tensors
 from training.distributed import all_reduce_sum
 from training.errors import DivergedError, StoreIntegrityError
 
