@@ -305,9 +305,13 @@ class _SourceRun:
                    self._room(ex.category) else None for _, ex in chunk]
         passing = [k for k, (_, ex) in enumerate(chunk) if ex.prompt is not None and self._room(ex.category)
                    and reasons[k] is None]
-        contaminated = dict(zip(passing, ctx.contam.check([chunk[k][1].prompt for k in passing])))
+        matches, wholes = ctx.contam.screen([chunk[k][1].prompt for k in passing])
+        contaminated = dict(zip(passing, matches))
         clean = [k for k in passing if contaminated[k] is None]
-        prepared = dict(zip(clean, ctx.deduper.prepare([dedup_text(chunk[k][1].prompt) for k in clean])))
+        # A row decontamination prepared is not normalised and sketched again.
+        prepared = {k: ctx.deduper.adopt(w) for k, w in zip(passing, wholes) if w is not None and contaminated[k] is None}
+        fresh = [k for k in clean if k not in prepared]
+        prepared.update(zip(fresh, ctx.deduper.prepare([dedup_text(chunk[k][1].prompt) for k in fresh])))
         kept: list[tuple[int, Examined]] = []
         for k, (index, ex) in enumerate(chunk):
             if not self._wanted():

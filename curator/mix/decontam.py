@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from curator.errors import ConfigError
-from curator.mix.dedup import Deduper, Match
+from curator.mix.dedup import Deduper, Match, Prepared
 from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, resolve_format
 from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import DecontamSpec
@@ -84,19 +84,27 @@ class Decontaminator:
 
     def check(self, prompts: Sequence[Conversation]) -> list[Match | None]:
         """Return, for each prompt, the match that makes it contaminated, or None (`count` the ones dropped)."""
+        return self.screen(prompts)[0]
+
+    def screen(self, prompts: Sequence[Conversation]) -> tuple[list[Match | None], list[Prepared | None]]:
+        """Return `check`'s matches and each prompt's whole-text (dedup_text) keys, for the mix's dedup to
+        reuse through `Deduper.adopt` (None for every prompt when no set is loaded: nothing was prepared)."""
         if not self.active:
-            return [None] * len(prompts)
+            return [None] * len(prompts), [None] * len(prompts)
         flat: list[str] = []
         owner: list[int] = []
         for i, prompt in enumerate(prompts):
-            texts = row_texts(prompt)
+            texts = row_texts(prompt)  # the first is the whole dedup text
             flat.extend(texts)
             owner.extend([i] * len(texts))
         found: list[Match | None] = [None] * len(prompts)
+        whole: list[Prepared | None] = [None] * len(prompts)
         for i, item in zip(owner, self._dedup.prepare(flat)):
+            if whole[i] is None:
+                whole[i] = item
             if found[i] is None:
                 found[i] = self._dedup.find(item)
-        return found
+        return found, whole
 
     def count(self, match: Match) -> None:
         """Count one mix row dropped for `match` against the set it matched."""

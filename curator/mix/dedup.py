@@ -190,6 +190,12 @@ class Deduper:
                 sigs[i], sets[i] = sig, shingles
         return [Prepared(d, s, h) for d, s, h in zip(digests, sigs, sets)]
 
+    def adopt(self, item: Prepared) -> Prepared:
+        """Return `item` (prepared by another Deduper) with only the keys this one uses, as `prepare` would."""
+        keep_sketch = self._lsh is not None
+        return Prepared(item.digest if self.exact else None, item.signature if keep_sketch else None,
+                        item.shingles if keep_sketch else None)
+
     def check(self, item: Prepared, owner: int) -> Match | None:
         """Return the match if `item` duplicates a kept row; else remember it as `owner`'s and return None."""
         match = self.find(item)
