@@ -53,10 +53,7 @@ def enable_if_working(device: torch.device) -> bool:
 
 
 def _pick(fn: Callable[..., Any], x: torch.Tensor) -> Callable[..., Any]:
-    # Training steps only: decoding after training in the same process (bench/reference, the demo) feeds
-    # other strides and shapes every cycle, which recompiled _rms_norm to the limit on the H200 and made
-    # `eval` 1.8x slower; under no_grad the eager form is the right one.
-    if not _state["on"] or not x.is_cuda or not torch.is_grad_enabled():
+    if not _state["on"] or not x.is_cuda:
         return fn
     compiled = _state["compiled"]
     if fn not in compiled:
@@ -73,7 +70,12 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Return weight * (x / rms(x)), computed in float32 and rounded to x's dtype before the weight."""
-    return _pick(_rms_norm, x)(x, weight, eps)
+    # Compiled for training steps only: decoding after training in the same process (bench/reference,
+    # the demo) feeds other strides and shapes every cycle, which recompiled _rms_norm to the limit on
+    # the H200 and made `eval` 1.8x slower. (Not in _pick: soft_ce_rows runs inside an autograd
+    # Function's forward, where grad is always off, and must stay compiled.)
+    fn = _pick(_rms_norm, x) if torch.is_grad_enabled() else _rms_norm
+    return fn(x, weight, eps)
 
 
 def _soft_ce_rows(
