@@ -15,19 +15,17 @@ import asyncio
 import hashlib
 import json
 import shutil
-import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from curator import http
+from curator import aio, http
 from curator.errors import ConfigError
 from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
 from curator.generate.conversation import output_record, regenerate
@@ -47,7 +45,6 @@ from curator.generate.shards import (
 from curator.mix.schema import BadRow, Mix, MixRow, open_mix
 
 Backend = OpenAIBackend | TransformersBackend
-T = TypeVar("T")
 
 
 class GenerateConfig(BaseModel):
@@ -180,32 +177,15 @@ def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | N
     """Return the stats of a run that regenerates every missing answer of `config.mix` into
     `config.out` (resuming whatever an earlier run left). SIGTERM ends it as Ctrl-C does: the
     buffered rows are written, generation.json says `interrupted`, KeyboardInterrupt is raised."""
+
+    async def until_sigterm() -> GenerationStats:
+        with aio.cancel_on_sigterm():
+            return await generate_async(config, on_progress)
+
     try:
-        return asyncio.run(_until_sigterm(generate_async(config, on_progress)))
+        return asyncio.run(until_sigterm())
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
-
-
-async def _until_sigterm(work: Awaitable[T]) -> T:
-    with _cancel_on_sigterm():
-        return await work
-
-
-@contextmanager
-def _cancel_on_sigterm() -> Iterator[None]:
-    # As `curator scout` does: SIGTERM (a scheduler, `kill`) cancels the run's task, so every
-    # finally runs (shards flushed, status written) instead of the process dying with rows in memory.
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    try:
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # type: ignore[union-attr]
-    except (ValueError, RuntimeError, NotImplementedError):
-        yield  # not the main thread (a caller running this in a thread): its own signals apply
-        return
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
