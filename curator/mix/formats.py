@@ -74,6 +74,7 @@ class MalformedRow(Exception):
 
 ROLE_MAP = {
     "system": "system",
+    "developer": "system",  # OpenAI's newer clients send system instructions so; the engines treat it as system
     "user": "user",
     "human": "user",
     "assistant": "assistant",
@@ -511,10 +512,28 @@ def xlam(row: Mapping[str, Any]) -> Conversation:
                         tools=[tool_schema(t) for t in tools])
 
 
+def _text_parts(content: Any) -> Any:
+    # A multimodal request is still a request: its text parts are what the draft will see as text.
+    if isinstance(content, list) and all(isinstance(p, Mapping) for p in content):
+        return "".join(p["text"] for p in content if p.get("type", "text") == "text" and isinstance(p.get("text"), str))
+    return content
+
+
+def _request_messages(items: Any) -> Any:
+    if not isinstance(items, list):
+        return items
+    return [{**m, "content": _text_parts(m["content"])} if isinstance(m, Mapping) and "content" in m else m
+            for m in items]
+
+
 def traffic(row: Mapping[str, Any]) -> Conversation:
     """Return a logged request: `{messages, tools?}` as OpenAI-compatible servers log it, or wrapped as
-    request-log middlewares write it (`{"body": {...}}`, the body possibly JSON text)."""
-    return messages(unwrap_request(dict(row)))
+    request-log middlewares write it (`{"body": {...}}`, the body possibly JSON text), or a completions
+    request (`{"prompt": "..."}`, one user turn). Multimodal content keeps its text parts."""
+    request = unwrap_request(dict(row))
+    if "messages" not in request and isinstance(request.get("prompt"), str):
+        return messages({"messages": [{"role": "user", "content": request["prompt"]}]})
+    return messages({**request, "messages": _request_messages(_field(request, "messages"))})
 
 
 NORMALISERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {

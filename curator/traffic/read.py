@@ -24,8 +24,6 @@ from curator.mix.schema import LEGACY_MANIFEST, MANIFEST, MixRow, open_mix
 from curator.traffic.schema import unwrap_request
 
 _READERS = ((".jsonl", read_jsonl), (".json", read_json), (".parquet", read_parquet))
-# OpenAI's newer clients send system instructions as "developer"; the engines treat it as system.
-_ROLE_ALIASES = {"developer": "system"}
 
 
 @dataclass(frozen=True)
@@ -43,35 +41,11 @@ def is_mix(path: Path) -> bool:
     return path.is_dir() and ((path / MANIFEST).is_file() or (path / LEGACY_MANIFEST).is_file())
 
 
-def _text_parts(content: Any) -> Any:
-    # A multimodal request is still a request: its text parts are what the draft will see as text.
-    if isinstance(content, list) and all(isinstance(p, Mapping) for p in content):
-        return "".join(p["text"] for p in content if p.get("type", "text") == "text" and isinstance(p.get("text"), str))
-    return content
-
-
-def _tidy(messages: Any) -> Any:
-    if not isinstance(messages, list):
-        return messages
-    out = []
-    for m in messages:
-        if isinstance(m, Mapping):
-            m = dict(m)
-            if isinstance(m.get("role"), str):
-                m["role"] = _ROLE_ALIASES.get(m["role"], m["role"])
-            if "content" in m:
-                m["content"] = _text_parts(m["content"])
-        out.append(m)
-    return out
-
-
 def parse_request(record: Mapping[str, Any], where: str) -> TrafficRow | BrokenRow:
     """Return the request in one log record (or any row with a conversation), or a BrokenRow saying why not."""
     request = unwrap_request(dict(record))
-    if "messages" in request:
-        fmt, row = "messages", {**request, "messages": _tidy(request["messages"])}
-    elif isinstance(request.get("prompt"), str):
-        fmt, row = "messages", {"messages": [{"role": "user", "content": request["prompt"]}]}
+    if "messages" in request or isinstance(request.get("prompt"), str):
+        fmt, row = "traffic", request  # build-mix's `format: traffic` reads it the same way
     else:
         fmt, row = detect_format(request.keys()), request
         if fmt is None:
