@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,6 +187,42 @@ def test_export_sweeps_the_temporaries_of_killed_exports_but_not_a_users_folder(
     export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     assert not killed.exists()
     assert (users / "notes.txt").read_text() == "mine" and other.exists()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# An export SIGKILLed right after it renamed the earlier export aside, before the new one went in.
+KILL_WHEN_ASIDE = """
+import os, signal, sys
+real = os.replace
+def replace(src, dst, *args, **kwargs):
+    real(src, dst, *args, **kwargs)
+    if str(dst).endswith(".old"):
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+from training.export import export_checkpoint
+export_checkpoint(sys.argv[1], sys.argv[2], fmt=sys.argv[3])
+"""
+
+
+def test_an_export_killed_between_its_two_renames_keeps_the_earlier_export(run_dir: Path, tmp_path: Path) -> None:
+    from training.export import _sweep_stale
+
+    out = export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+    before = (out / "config.json").read_text()
+    users = tmp_path / ".draft.abcdef.old"  # an aside's shape of name, but not an export's files: kept
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    proc = subprocess.run([sys.executable, "-c", KILL_WHEN_ASIDE, str(run_dir), str(out), "speculators"], cwd=ROOT,
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert not out.exists() and len(list(tmp_path.glob(".draft.*.old"))) == 2  # the earlier export, aside
+    assert len(list(tmp_path.glob(".draft.*.tmp"))) == 1  # the new export, never renamed in
+    _sweep_stale(out)  # what the next export does first, under the lock
+    assert (out / "config.json").read_text() == before  # the earlier export is back, not deleted
+    assert list(tmp_path.glob(".draft.*.old")) == [users] and not list(tmp_path.glob(".draft.*.tmp"))
+    assert export_checkpoint(run_dir, out, fmt="speculators") == out  # and the next export replaces it
+    assert "Eagle3Speculator" in (out / "config.json").read_text() and (users / "notes.txt").read_text() == "mine"
 
 
 def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(run_dir: Path, tmp_path: Path) -> None:

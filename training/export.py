@@ -34,6 +34,8 @@ __all__ = ["FORMATS", "WEIGHTS_FILE", "export_checkpoint", "is_hub_id", "load_dr
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+TMP_SUFFIX = ".tmp"  # `.NAME.<6 hex>.tmp`: a new export being written beside NAME
+ASIDE_SUFFIX = ".old"  # `.NAME.<6 hex>.old`: the earlier export, renamed aside while the new one goes in
 
 
 def _target_shape(meta: dict[str, Any]) -> tuple[str | None, int]:
@@ -105,15 +107,15 @@ def export_checkpoint(
 
 def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
     """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
-    _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
     with OutputLock(out.parent, f".{out.name}.export.lock", "curator export"):
+        _sweep_stale(out)  # under the lock: no live export of `out` owns any of them; may restore `out`
         _check_replaceable(out)
-        _sweep_stale(out)  # under the lock: no live export of `out` owns any of them
-        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}.tmp")
+        tag = uuid.uuid4().hex[:6]
+        tmp = out.with_name(f".{out.name}.{tag}{TMP_SUFFIX}")
         tmp.mkdir()
-        old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}.tmp")
+        old = out.with_name(f".{out.name}.{tag}{ASIDE_SUFFIX}")
         try:
             save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -130,19 +132,29 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
 
 
 def _sweep_stale(out: Path) -> list[Path]:
-    """Remove the temporary folders killed exports of `out` left beside it; return them.
+    """Clean up after killed exports of `out` (hold its lock); return the folders removed.
 
-    Only folders by our own temporary name for this output (`.NAME.<6 hex>.tmp`) holding nothing but
+    A kill between writing and renaming leaves a temporary folder (`.NAME.<6 hex>.tmp`); a kill between
+    the two renames leaves the earlier export renamed aside (`.NAME.<6 hex>.old`) and `out` missing:
+    that earlier export is renamed back, not deleted. Only folders by these names holding nothing but
     an export's files are taken: a folder of the user's that happens to match is kept.
     """
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}\.tmp")
+    def ours(suffix: str) -> list[Path]:
+        pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}{re.escape(suffix)}")
+        return sorted(
+            (path for path in out.parent.iterdir()
+             if pattern.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
+             and {p.name for p in path.iterdir()} <= {CONFIG_FILE, WEIGHTS_FILE}),
+            key=lambda path: path.stat().st_mtime,
+        )
+
+    asides = ours(ASIDE_SUFFIX)
+    if asides and not out.exists() and not out.is_symlink():
+        os.replace(asides.pop(), out)  # killed between the two renames: the earlier export is back
     removed = []
-    for path in out.parent.iterdir():
-        if not pattern.fullmatch(path.name) or path.is_symlink() or not path.is_dir():
-            continue
-        if {p.name for p in path.iterdir()} <= {CONFIG_FILE, WEIGHTS_FILE}:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    for path in [*ours(TMP_SUFFIX), *asides]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
     return removed
 
 
