@@ -172,10 +172,14 @@ def read_parquet(path: Path) -> Iterator[Row]:
 _READERS = {".jsonl": read_jsonl, ".json": read_json, ".parquet": read_parquet}
 
 
+def reader_for(path: Path) -> Callable[[Path], Iterator[Row]]:
+    """Return the reader of a local data file (one that `local_files` lists: .jsonl, .json or .parquet)."""
+    return _READERS[next(s for s in LOCAL_SUFFIXES if path.name.endswith(s))]
+
+
 def _local_rows(files: list[Path]) -> Iterator[Row]:
     for f in files:
-        suffix = next(s for s in LOCAL_SUFFIXES if f.name.endswith(s))
-        yield from _READERS[suffix](f)
+        yield from reader_for(f)(f)
 
 
 def _hub_rows(spec: SourceSpec, seed: int) -> Iterator[Row]:

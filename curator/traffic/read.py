@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from curator.mix.formats import NORMALISERS, MalformedRow, as_messages, detect_format
-from curator.mix.readers import BrokenRow, local_files, read_json, read_jsonl, read_parquet
+from curator.mix.readers import BrokenRow, local_files, reader_for
 from curator.mix.schema import LEGACY_MANIFEST, MANIFEST, MixRow, open_mix
 from curator.traffic.schema import unwrap_request
-
-_READERS = ((".jsonl", read_jsonl), (".json", read_json), (".parquet", read_parquet))
 
 
 @dataclass(frozen=True)
@@ -77,8 +75,7 @@ def iter_traffic(path: str | Path) -> Iterator[TrafficRow | BrokenRow]:
         yield from _mix_rows(path)
         return
     for file in local_files(path):
-        reader = next(read for suffix, read in _READERS if file.name.endswith(suffix))
-        for n, record in enumerate(reader(file), 1):
+        for n, record in enumerate(reader_for(file)(file), 1):
             where = f"{file.name} record {n}"
             if isinstance(record, BrokenRow):
                 yield record
