@@ -390,13 +390,13 @@ async def extract_vllm(
     roots: list[str] = []
     auth: dict[str, httpx.Auth] = {}
     for given in opts.endpoints:
-        public, credentials = http.split_credentials(given)  # user:password is sent, never shown
         try:
-            roots.append(http.base_url(public))
+            root, credentials = http.endpoint_root(given)  # user:password is sent, never shown
         except ValueError as exc:
-            raise ConfigError(f"--endpoint {http.redact(str(exc))}") from exc
+            raise ConfigError(f"--endpoint {exc}") from exc
+        roots.append(root)
         if credentials is not None:
-            auth[roots[-1]] = credentials
+            auth[root] = credentials
     opts = dataclasses.replace(opts, endpoints=roots, auth=auth)
     stats = ExtractStats()
     start = time.perf_counter()

@@ -265,6 +265,16 @@ def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
     return urlunsplit(parts._replace(netloc=host)), httpx.BasicAuth(unquote(user), unquote(password))
 
 
+def endpoint_root(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """Return (the server's root URL as base_url() gives it, without user:password; the basic auth
+    the URL carried, or None). ValueError, its message redacted, for anything but an http(s) URL."""
+    try:
+        public, auth = split_credentials(url)  # user:password is sent, never shown
+        return base_url(public), auth
+    except ValueError as exc:
+        raise ValueError(redact(str(exc))) from None
+
+
 # scheme://user:password@ (or scheme://token@): the part of a URL that must never be recorded
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#]*@")
 

@@ -78,15 +78,6 @@ class RequestError(EndpointError):
         self.retry_after: float | None = None
 
 
-def normalize_base_url(url: str) -> str:
-    """Return the endpoint's root URL: 'http://h:30000/v1/' and 'http://h:30000' both give
-    'http://h:30000' (requests add /v1/...)."""
-    try:
-        return http.base_url(url)
-    except ValueError as exc:
-        raise EndpointError(f"endpoint {http.redact(str(exc))}") from exc
-
-
 def encode_body(body: Mapping[str, Any], endpoint: str) -> bytes:
     """Return a request body as JSON bytes, as httpx would send it; a permanent RequestError for one
     that cannot be (a lone surrogate in an earlier answer sent back as history, nesting too deep)."""
@@ -159,8 +150,10 @@ class EndpointClient:
                  max_answer_bytes: int = http.DEFAULT_MAX_ANSWER_BYTES) -> None:
         # `url` is what records, generation.json, the catalog and the console show: user:password
         # is taken out of it and goes to the client as basic auth only.
-        public, auth = http.split_credentials(url)
-        self.url = normalize_base_url(public)
+        try:
+            self.url, auth = http.endpoint_root(url)  # 'http://h:30000/v1/' -> 'http://h:30000'
+        except ValueError as exc:
+            raise EndpointError(f"endpoint {exc}") from exc
         self.timeout_s = timeout_s  # the whole exchange's deadline, not only the gap between bytes
         self.max_answer_bytes = max_answer_bytes
         headers = http.bearer(api_key)
