@@ -1,23 +1,23 @@
 """Scrubbing: what may leave the traffic (profile examples, console lines, text sent to --llm).
 
 Credentials (sk-..., hf_..., Bearer ..., JWTs, api_key=...) are found by `curator.http.redact`,
-the toolkit's one list of key shapes; this module adds what identifies a person or a machine:
-e-mail addresses, phone numbers, IP addresses, passwords in URLs, AWS key ids, and long hex or
-base64 strings (secrets without a known prefix). It errs towards scrubbing: a version number
-shaped like an IP address or a commit hash is lost from an example, which costs nothing.
+the toolkit's one list of key shapes, and user:password in URLs by `curator.http.public_url`; this
+module adds what identifies a person or a machine: e-mail addresses, phone numbers, IP addresses,
+AWS key ids, and long hex or base64 strings (secrets without a known prefix). It errs towards
+scrubbing: a version number shaped like an IP address or a commit hash is lost from an example,
+which costs nothing.
 """
 
 from __future__ import annotations
 
 import re
 
-from curator.http import REDACTED, redact
+from curator.http import REDACTED, public_url, redact
 
 EMAIL = "[EMAIL]"
 PHONE = "[PHONE]"
 IP = "[IP]"
 
-_URL_CREDENTIALS = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^\s/:@]+:[^\s/@]+@", re.I)
 _EMAIL = re.compile(r"[\w.+%-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b")
 _HEX = re.compile(r"(?<![0-9A-Za-z])[0-9a-fA-F]{32,}(?![0-9A-Za-z])")
@@ -43,7 +43,7 @@ def _phone(match: re.Match[str]) -> str:
 
 def scrub(text: str) -> str:
     """Return `text` with credentials, secrets, e-mail addresses, IP addresses and phone numbers replaced."""
-    text = _URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    text = public_url(text)  # user:password@ in URLs, before the e-mail pattern sees "password@host"
     text = _EMAIL.sub(EMAIL, text)
     text = redact(text)
     text = _AWS_KEY_ID.sub(REDACTED, text)
