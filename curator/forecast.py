@@ -258,10 +258,13 @@ def generation_cost(gen_dir: str | Path, gpus: int = 1, tokens_per_s: float | No
     for rec in iter_generation(gen_dir):
         cat = str(rec.get("category") or "all")
         try:
-            n, _ = record_length(rec, None)
             if rec.get("mode") == "token":
-                done = sum(int(r.loss_mask.sum()) for r in tokenize_rows(rec))
+                # record_length would tokenise the record a second time: count its rows here
+                rows = tokenize_rows(rec)
+                n = sum(len(r) for r in rows)
+                done = sum(int(r.loss_mask.sum()) for r in rows)
             else:
+                n, _ = record_length(rec, None)
                 usage = rec.get("usage") if isinstance(rec.get("usage"), dict) else {}
                 done = int(usage.get("completion_tokens") or 0) or n // 2
         except MalformedRecordError:
@@ -302,13 +305,14 @@ def category_cost(samples: float, category: str, gen: GenerationCost, bytes_per_
 def store_bytes_per_token(target: str | Path, dtype: str = "bf16", n_aux: int = 3, has_final: bool = True) -> int:
     """Return the planned store bytes per token for the target's shape (training/plan.py's bill)."""
     from training.errors import TrainingError
-    from training.plan import load_shape, make_plan
+    from training.plan import load_shape
+    from training.store import bytes_per_token
 
     try:
         shape = load_shape(target)
     except TrainingError as exc:
         raise ConfigError(str(exc)) from None
-    return make_plan(shape, samples=1, avg_tokens=1, dtype=dtype, n_aux=n_aux, has_final=has_final).store_bytes_per_token
+    return bytes_per_token(shape.hidden_size, n_aux, dtype, has_final)
 
 
 # ---- break-even ------------------------------------------------------------------------------
@@ -358,13 +362,16 @@ def nested_subsets(ids_by_category: Mapping[str, Sequence[str]], fractions: Sequ
             for f in sorted(set(fractions))}
 
 
-def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path) -> Path:
+def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
+                 entries: Mapping[str, Any] | None = None) -> Path:
     """Write a read-only view of a hidden-state store holding only `ids` (its own meta and index,
-    the shards linked, never copied); return its directory."""
+    the shards linked, never copied); return its directory. `entries`: the store's index entries
+    when the caller already read them."""
     from training.store import atomic_write_json, read_index
 
     src, out = Path(store_dir).resolve(), Path(out)
-    entries, _ = read_index(src)
+    if entries is None:
+        entries, _ = read_index(src)
     missing = [sid for sid in ids if sid not in entries]
     if missing:
         raise ConfigError(f"{src}: {len(missing)} ids are not in the store (first: {missing[0]})")
@@ -520,13 +527,13 @@ def train_nested(
         ids, held = split_eval(ids, 0.05)
         if not held:
             raise ConfigError(f"{store}: too few samples to set 5% apart for evaluation; pass --eval-store")
-        eval_store = subset_store(store, held, out / "heldout")
+        eval_store = subset_store(store, held, out / "heldout", entries)
     by_cat: dict[str, list[str]] = {}
     for sid in ids:
         by_cat.setdefault(str(entries[sid].get("category") or "all"), []).append(sid)
     runs = []
     for frac, chosen in nested_subsets(by_cat, fractions, seed).items():
-        view = subset_store(store, chosen, out / f"subset-{frac:g}")
+        view = subset_store(store, chosen, out / f"subset-{frac:g}", entries)
         cfg = TrainConfig.from_dict({**base, "data": str(view), "eval_data": str(eval_store), "target": str(target),
                                      "out": str(out / f"run-{frac:g}"), "max_train_samples": None, "seed": seed})
         result = train(cfg)
