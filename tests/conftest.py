@@ -47,14 +47,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module")
 def target(tiny_target: Path):
-    """The tiny target loaded as (model, tokenizer). A module may define its own `target`.
-
-    A 64-wide model is all per-op overhead: one thread is faster, and fair to a busy machine.
-    """
+    """The tiny target loaded as (model, tokenizer), on the one thread set above. A module may define
+    its own `target`."""
     from training.evaluate import load_target
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tokenizer = load_target(tiny_target)
-    yield model, tokenizer
-    torch.set_num_threads(threads)
+    return load_target(tiny_target)

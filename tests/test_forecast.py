@@ -159,7 +159,6 @@ def test_forecast_trains_nested_drafts_from_a_store_then_reads_the_same_runs_bac
     cfg.write_text(json.dumps({"draft_vocab_size": 512, "ttt_steps": 3, "global_batch_size": 2, "micro_batch_size": 2,
                                "max_steps": 2, "log_every": 1, "device": "cpu"}))
     out_json = tmp_path / "forecast.json"
-    torch.set_num_threads(1)
     assert main(["forecast", "--store", str(store), "--target", str(tiny_target), "--fractions", "0.25,0.5,1",
                  "--config", str(cfg), "--out", str(tmp_path / "runs"), "--goal", "3.0", "--verify-cost", "2.3",
                  "--json", str(out_json)]) == 0
