@@ -58,7 +58,6 @@ class _Tally:
     rules: Counter[str] = field(default_factory=Counter)  # rule name -> rows
     malformed: Counter[str] = field(default_factory=Counter)
     lengths: array = field(default_factory=lambda: array("q"))
-    chars: array = field(default_factory=lambda: array("q"))
     turns: array = field(default_factory=lambda: array("q"))
     unsure: int = 0
     tools_declared: int = 0
@@ -181,7 +180,6 @@ def build_profile(
             tally.rules[decision.rule] += 1
             pieces = _prompt_text(row)
             tally.lengths.append(lengths.measure(pieces))
-            tally.chars.append(sum(len(p) for p in pieces))
             tally.turns.append(sum(1 for m in row.messages if m["role"] == "user"))
             declared = bool(row.tools)
             called = any(m.get("tool_calls") or m["role"] == "tool" for m in row.messages)
@@ -229,7 +227,7 @@ def _profile(tally: _Tally, unit: str, by_llm: int, sent_to_llm: int, llm: LLMCl
         raise ConfigError(f"{traffic}: no readable request ({sum(tally.malformed.values()):,} malformed: {reasons}); "
                           "expected JSON Lines of chat requests ({messages, tools?, ...}), {\"body\": {...}} records, "
                           "a mix folder, or parquet/JSONL with a `messages` column")
-    tokens = tally.lengths if unit == "tokens" else array("q", (c // CHARS_PER_TOKEN for c in tally.chars))
+    tokens = tally.lengths if unit == "tokens" else array("q", (c // CHARS_PER_TOKEN for c in tally.lengths))
     measured = np.frombuffer(tokens, dtype=np.int64)
     features = {
         "method": FEATURE_METHOD,
