@@ -350,8 +350,10 @@ def _train(
     world, rank = dist_info.world_size, dist_info.rank
     optimizer, scheduler, total_steps, batches_per_epoch = run.optimizer, run.scheduler, run.total_steps, run.batches_per_epoch
     params = [p for p in draft.parameters() if p.requires_grad]
-    step, pending, pending_tokens = run.step, run.pending, run.pending_tokens
-    assert pending is not None
+    step, pending_tokens = run.step, run.pending_tokens
+    assert run.pending is not None
+    # the metric sums and grad norms stay on the device between logs: read where the loop syncs anyway
+    pending = run.pending.to(device, copy=True)
     resumed = step > 0
 
     kernels.enable_if_working(device)  # compiled RMSNorm/soft-CE on CUDA (TRAINING_COMPILE=0: eager)
@@ -375,7 +377,7 @@ def _train(
                 "step": at_step,
                 "epoch": at_step // batches_per_epoch,
                 "batch_in_epoch": at_step % batches_per_epoch,
-                "pending_sums": pending.clone(),
+                "pending_sums": pending.to("cpu", copy=True),
                 "pending_tokens": pending_tokens,
             })
         barrier()
@@ -407,7 +409,7 @@ def _train(
     session_steps = 0
     epoch_cache: tuple[int, list[list[str]]] = (-1, [])
     t_log = time.perf_counter()
-    grad_norms: list[float] = []
+    grad_norms: list[torch.Tensor] = []  # each step's, on the device, read at the next log
     draft.train()
     epoch_lock = threading.Lock()
 
@@ -450,21 +452,22 @@ def _train(
                     loss.backward()
                 step_sums += sums  # on the device: no host sync inside the step
                 pending_tokens += cpu_batch.tokens
-            pending += step_sums.cpu()
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)))
+            pending += step_sums  # no host sync per step: read at log and save time
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).detach())
             optimizer.step()
             scheduler.step()
             step += 1
             session_steps += 1
             if step % cfg.log_every == 0 or step == total_steps:
-                totals = all_reduce_sum(pending.to(device)).cpu()
+                totals = all_reduce_sum(pending.clone()).cpu()
+                norms = torch.stack(grad_norms).tolist()
                 tokens = int(all_reduce_sum(torch.tensor([pending_tokens], device=device)).item())
                 watch.check(step, totals, scheduler.get_last_lr()[0])
                 elapsed = time.perf_counter() - t_log
                 last_train = {
                     "split": "train", "step": step, "epoch": round(step / batches_per_epoch, 4),
                     "lr": scheduler.get_last_lr()[0], **summarize(totals, cfg.step_weight),
-                    "grad_norm": sum(grad_norms) / len(grad_norms), "tokens": tokens,
+                    "grad_norm": sum(norms) / len(norms), "tokens": tokens,
                     "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "total_steps": total_steps,
                 }
                 emit(last_train)
