@@ -153,16 +153,15 @@ class CompactTable:
         self.columns, self.cells, self.title, self.optional = columns, cells, title, optional
         self.whole = frozenset(c for c in columns if c in whole or ID_COLUMN.search(c))
         self.numeric = [all(_NUMBER.fullmatch(row[i]) for row in cells if row[i]) for i in range(len(columns))]
-
-    def _natural(self, i: int) -> int:
-        return max([cell_len(self.columns[i])] + [cell_len(row[i]) for row in self.cells])
+        # each column's width with every value whole: measured once, read by every layout tried
+        self.natural = [max([cell_len(c)] + [cell_len(row[i]) for row in cells]) for i, c in enumerate(columns)]
 
     def _cuttable(self, i: int) -> bool:
         return self.columns[i] not in self.whole and not self.numeric[i]
 
     def widths(self, width: int, shown: Sequence[int]) -> list[int] | None:
         """Return the widths of the `shown` columns on one line of `width`, or None when none fit."""
-        natural = {i: self._natural(i) for i in shown}
+        natural = {i: self.natural[i] for i in shown}
         floor = {i: natural[i] if not self._cuttable(i) else
                  min(natural[i], max(cell_len(self.columns[i]), self.MIN_CUT)) for i in shown}
         room = width - self.GAP * (len(shown) - 1)

@@ -121,7 +121,7 @@ def list_candidates(
     columns = ["id", "dataset_id", "category", "relevance", "samples", "status"]  # the agent: `catalog show`
     table = [[r["id"], r["dataset_id"], r["category"], r["relevance"], _samples(r), r["status"]] for r in rows]
     # At 80 columns a long dataset id leaves no room for the category: it goes first, with a note.
-    stdout.print(compact_table(columns, table, title="candidates", whole=("dataset_id",), optional=("category",)))
+    stdout.print(compact_table(columns, table, title="candidates", optional=("category",)))
 
 
 def _samples(row: dict[str, Any]) -> int | None:
