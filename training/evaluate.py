@@ -45,7 +45,7 @@ from training.errors import ModelMismatchError, TrainingError
 from training.batches import split_eval
 from training.objective import offline_metrics
 from training.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens, simulate_acceptance, traffic_weighted
-from training.store import HiddenStateStore
+from training.store import HiddenStateStore, read_index
 from training.target_head import TargetHead
 
 
@@ -609,13 +609,13 @@ class HeldOutSplit:
                 f"{data} is the store this draft trained on, all of it (its run held out {self.eval_store}): "
                 f"pass --data {self.eval_store}"
             )
-        if not self.train_store or not Path(self.train_store).is_dir():
+        if not self.train_store or not (Path(self.train_store) / "meta.json").is_file():
             raise TrainingError(
                 f"{data} is not the run's held-out store ({self.eval_store}), and its training store "
                 f"{self.train_store or '(unknown)'} is gone: which samples trained cannot be checked"
             )
-    
-        trained = set(HiddenStateStore.open(self.train_store).ids())
+
+        trained = read_index(Path(self.train_store))[0].keys()  # the ids only: no shards opened or checked
         unseen = [sid for sid in ids if sid not in trained]
         return unseen, f"another store; {len(ids) - len(unseen)} sample id(s) that trained left out"
 

@@ -215,28 +215,38 @@ def _read_json(path: Path) -> Any:
         raise StoreError(f"{path} is not valid JSON ({exc}); restore it or delete the store and capture again") from exc
 
 
-def check_entry(sid: str, entry: Any, where: Path) -> None:
+def _bad_entry(sid: str, where: Path, field: str, why: str) -> StoreIntegrityError:
+    return StoreIntegrityError(f"{where}: sample {sid!r}: {field} {why}; the index is damaged or "
+                               "was not written by this toolkit: capture the store again")
+
+
+def _plain_shard_name(shard: Any) -> bool:
+    return (isinstance(shard, str) and not shard.startswith(".") and shard.endswith(".safetensors")
+            and not any(c in shard for c in ("/", "\\", "\0")))
+
+
+def check_entry(sid: str, entry: Any, where: Path, shards_ok: set[str] | None = None) -> None:
     """Refuse an index entry whose fields could read outside the store or outside its rows.
 
     The shard must be a plain `.safetensors` file name of `shards/` (no folder, no `..`, not a
-    temporary), the offset an int >= 0 and the length an int >= 1.
+    temporary), the offset an int >= 0 and the length an int >= 1. `shards_ok` holds the shard names
+    already found plain (each is checked once over an index of many entries); new ones are added.
     """
-    def bad(field: str, why: str) -> StoreIntegrityError:
-        return StoreIntegrityError(f"{where}: sample {sid!r}: {field} {why}; the index is damaged or "
-                                   "was not written by this toolkit: capture the store again")
-
     if not isinstance(entry, dict):
-        raise bad("entry", f"is {type(entry).__name__}, not an object")
+        raise _bad_entry(sid, where, "entry", f"is {type(entry).__name__}, not an object")
     shard = entry.get("shard")
-    if (not isinstance(shard, str) or shard.startswith(".") or not shard.endswith(".safetensors")
-            or any(c in shard for c in ("/", "\\", "\0"))):
-        raise bad("shard", f"{shard!r} is not a file name in the store's shards/ folder (a plain *.safetensors name)")
+    if shards_ok is None or not isinstance(shard, str) or shard not in shards_ok:
+        if not _plain_shard_name(shard):
+            raise _bad_entry(sid, where, "shard",
+                             f"{shard!r} is not a file name in the store's shards/ folder (a plain *.safetensors name)")
+        if shards_ok is not None:
+            shards_ok.add(shard)
     for name, least in (("offset", 0), ("length", 1)):
         value = entry.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise bad(name, f"is {value!r}, not an integer >= {least}")
+            raise _bad_entry(sid, where, name, f"is {value!r}, not an integer >= {least}")
     if not isinstance(entry.get("category", ""), str) or not isinstance(entry.get("mode", ""), str):
-        raise bad("category/mode", "is not a string")
+        raise _bad_entry(sid, where, "category/mode", "is not a string")
 
 
 def read_index(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -254,13 +264,14 @@ def read_index(root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     parts = root / "index-parts"
     if parts.is_dir():
         files.extend(sorted(p for p in parts.glob("*.json") if not p.name.startswith(".")))
+    shards_ok: set[str] = set()  # shard names found plain: each checked once
     for path in files:
         data = _read_json(path)
         if not isinstance(data, dict) or not all(isinstance(data.get(k, {}), dict) for k in ("samples", "skipped")):
             raise StoreIntegrityError(f"{path} is not a store index (an object with \"samples\" and \"skipped\" "
                                       "objects); the store is damaged: capture it again")
         for sid, entry in data.get("samples", {}).items():
-            check_entry(sid, entry, path)
+            check_entry(sid, entry, path, shards_ok)
             samples.setdefault(sid, entry)
         for sid, reason in data.get("skipped", {}).items():
             skipped.setdefault(sid, str(reason))
