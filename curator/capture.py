@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
 from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
 from training.hidden_states import ExtractStats, merge_index, store_meta
@@ -42,7 +43,7 @@ class CaptureSettings:
     concurrency: int = 8  # vllm requests in flight per endpoint
     retries: int = 4  # vllm
     path_map: str | None = None  # vllm: ENGINE_DIR=LOCAL_DIR
-    shared_dir: str = "/tmp/curator-hidden-states"  # vllm: the engine's shared_storage_path (what it names)
+    shared_dir: str = CAPTURE_SHARED_DIR  # vllm: the engine's shared_storage_path (what it names)
     check_disk: bool = True
 
     @property

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 from rich.progress import TaskID
 
+from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
 from curator.ui import console, human_bytes, progress, quiet_library_progress, rows_table, stdout, summary_table
 
@@ -16,8 +17,6 @@ if TYPE_CHECKING:  # the model side imports torch: only a command that runs pays
     from training.chat_tokens import GenerationReadStats
     from training.hidden_states import ExtractStats
     from training.plan import DiskPlan
-
-DEFAULT_SHARED_DIR = "/tmp/curator-hidden-states"
 
 
 def parse_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -153,7 +152,7 @@ def hidden_states(
     concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight per vLLM endpoint."),
     retries: int = typer.Option(4, "--retries", help="Retries of a failed vLLM request (exponential backoff)."),
     target_dir: Optional[Path] = typer.Option(None, "--target-dir", help="Local target directory (config, tokenizer, norm weights) for --backend vllm when --model is a served name."),
-    shared_dir: str = typer.Option(DEFAULT_SHARED_DIR, "--shared-dir", help="The engine's shared_storage_path: put in the --print-server-command command, and the only folder whose files a capture reads and removes."),
+    shared_dir: str = typer.Option(CAPTURE_SHARED_DIR, "--shared-dir", help="The engine's shared_storage_path: put in the --print-server-command command, and the only folder whose files a capture reads and removes."),
     path_map: Optional[str] = typer.Option(None, "--path-map", help="ENGINE_DIR=LOCAL_DIR when the engine's shared dir is mounted elsewhere here."),
     tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", help="vLLM --tensor-parallel-size in the printed command."),
     port: int = typer.Option(8000, "--port", help="Port in the printed vLLM command."),

@@ -273,6 +273,8 @@ def parse_token_answer(payload: Any, prompt_ids: Sequence[int], endpoint: str) -
 
 
 CAPTURE_PATH = "/v1/completions"
+# The shared folder (shared_storage_path) when none is given: `curator hidden-states --shared-dir`.
+CAPTURE_SHARED_DIR = "/tmp/curator-hidden-states"
 
 
 def capture_server_command(model: str, layer_ids: Sequence[int], shared_dir: str, *, port: int = 8000,
