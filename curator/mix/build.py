@@ -11,7 +11,6 @@ same bytes. With `match`, the quotas follow a traffic profile and rows are chose
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from curator.mix.online import require_hub
 from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
-from curator.mix.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST, MANIFEST_VERSION, MixWriter
+from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, importance_keys, survey
 from curator.traffic.schema import CATEGORIES, Profile, load_profile
 from training.diskspace import named_disk_full
@@ -382,21 +381,9 @@ def build_mix(
     model = TrafficModel(profile) if profile is not None and profile.features is not None else None
     ctx = _Context(recipe, Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near), Decontaminator(recipe.dedup.near),
                    Counter(), counter, max_tokens, root, progress, model)
-    lock = publish.acquire(out)
-    try:
-        publish.remove_stale(out)
-        publish.check_out(out, is_mix=(out / MANIFEST).exists() or (out / LEGACY_MANIFEST).exists())
-        stage = publish.staging_dir(out)
-        try:
-            with named_disk_full(out):  # the manifest's and the held-out split's writes too
-                manifest = _build(ctx, stage, out, licenses, profile, match)
-            publish.swap_in(stage, out)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
-        return manifest
-    finally:
-        lock.release()
+    with publish.staged(out) as stage, named_disk_full(out):  # the manifest's and the held-out split's writes too
+        manifest = _build(ctx, stage, out, licenses, profile, match)
+    return manifest
 
 
 def recipe_categories(recipe: Recipe) -> set[str]:

@@ -21,14 +21,15 @@ import errno
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from curator.errors import ConfigError
+from curator.mix.schema import LEGACY_MANIFEST, MANIFEST_DIR, is_mix
 from training.atomic import TMP_MARK, fsync_path
 from training.outlock import OutputBusyError, OutputLock
 
-MANIFEST_DIR = ".curator"
-LEGACY_MANIFEST = "manifest.json"
 HELDOUT_DIR = ".heldout"
 OLD_LOCK_FILE = ".build-mix.lock"  # the lock's place inside the folder before builds swapped folders
 # What a build writes into a mix folder, and what earlier builds left there (temporaries, parts).
@@ -58,6 +59,27 @@ def acquire(out_dir: str | Path) -> OutputLock:
     except OutputBusyError:
         raise ConfigError(f"{out_dir} is being written by another `curator build-mix` ({lock.holder() or 'another process'}); "
                           "wait for it to finish or use another --out") from None
+
+
+@contextmanager
+def staged(out_dir: str | Path) -> Iterator[Path]:
+    """Publish a mix folder whole: take its lock, clean up after killed builds, refuse an --out holding
+    foreign files, and yield the staging folder to write the complete mix into; when the block ends
+    the mix is swapped in (an exception removes the staging folder instead). `out_dir` as `real_out` gives it."""
+    out = Path(out_dir)
+    lock = acquire(out)
+    try:
+        remove_stale(out)
+        check_out(out, is_mix=is_mix(out))
+        stage = staging_dir(out)
+        try:
+            yield stage
+            swap_in(stage, out)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    finally:
+        lock.release()
 
 
 def staging_dir(out_dir: str | Path) -> Path:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,8 @@ from training.gen_record import tool_call_problem
 # The manifest sits in a hidden folder so that the obvious read-backs of a mix folder see only
 # parquet: `datasets.load_dataset("parquet", data_dir=MIX)` skips hidden paths, and DuckDB's
 # 'MIX/*.parquet' does not descend into folders.
-MANIFEST = ".curator/manifest.json"
+MANIFEST_DIR = ".curator"
+MANIFEST = f"{MANIFEST_DIR}/manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # mixes built before the manifest moved
 MANIFEST_VERSION = 1
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -348,29 +348,24 @@ def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> 
     from curator.mix import publish  # the publishing rules are the build's; a reader needs none of them
 
     out = publish.real_out(out_dir)
-    lock = publish.acquire(out)
-    try:
-        publish.remove_stale(out)
-        publish.check_out(out, is_mix=(out / MANIFEST).exists())
-        stage = publish.staging_dir(out)
+    with publish.staged(out) as stage:
         writer = MixWriter(stage, named=out)
-        try:
-            for table in tables:
-                writer.write_table(conform(table))
-            parts = writer.finish()
-            manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
-                        "columns": list(COLUMNS), "parts": parts}
-            writer.publish(manifest)
-            publish.swap_in(stage, out)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
-    finally:
-        lock.release()
+        for table in tables:
+            writer.write_table(conform(table))
+        parts = writer.finish()
+        manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
+                    "columns": list(COLUMNS), "parts": parts}
+        writer.publish(manifest)
     return manifest
 
 
 # ---- reading ---------------------------------------------------------------------------------
+
+
+def is_mix(path: str | Path) -> bool:
+    """Return whether `path` is a mix folder (it has a manifest, or the manifest of mixes built before it moved)."""
+    path = Path(path)
+    return path.is_dir() and ((path / MANIFEST).is_file() or (path / LEGACY_MANIFEST).is_file())
 
 
 def _rebuild_hint(root: Path, manifest: dict[str, Any] | None = None) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from curator.mix.formats import NORMALISERS, MalformedRow, as_messages, detect_format
 from curator.mix.readers import BrokenRow, local_files, reader_for
-from curator.mix.schema import LEGACY_MANIFEST, MANIFEST, MixRow, open_mix
+from curator.mix.schema import MixRow, is_mix, open_mix
 from curator.traffic.schema import unwrap_request
 
 
@@ -32,11 +32,6 @@ class TrafficRow:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     where: str
-
-
-def is_mix(path: Path) -> bool:
-    """Return whether `path` is a mix folder (it has a manifest), as opposed to a folder of log files."""
-    return path.is_dir() and ((path / MANIFEST).is_file() or (path / LEGACY_MANIFEST).is_file())
 
 
 def parse_request(record: Mapping[str, Any], where: str) -> TrafficRow | BrokenRow:
