@@ -33,7 +33,7 @@ from training.batches import Batch, States
 from training.distributed import all_reduce_sum
 from training.draft import Eagle3Draft, TTTCache
 from training.profiling import phase
-from training.packing import PackedBatch, pack_samples, plan_micro_batches
+from training.packing import PackedBatch, pack_samples, plan_micro_batches, step_valid
 from training.soft_ce import soft_cross_entropy_sum
 from training.target_head import TargetHead
 from training.ttt_attention import PackedTTTCache
@@ -212,15 +212,15 @@ class PackedTTTObjective(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return (loss with step k's term added, step k's metric sums [N_SUMS], the all-right-so-far mask)."""
         n = logits.shape[0]  # (n, draft_vocab), the autocast dtype
-        step_valid = valid[1 + k :] & (doc[:n] == doc[1 + k :])  # (n,): same sample, loss token
-        train_mask = step_valid & in_voc[1 + k :]
+        step_ok = step_valid(valid, doc, k)  # (n,): same sample, loss token
+        train_mask = step_ok & in_voc[1 + k :]
         scaled, loss_sum = soft_cross_entropy_sum(logits, probs[1 + k :], train_mask, step_scale[k])
         with torch.no_grad():
             entropy_sum = (ent[1 + k :] * train_mask).sum()
-            correct = (self.draft.draft_to_target(logits.argmax(-1)) == argmax[1 + k :]) & step_valid
+            correct = (self.draft.draft_to_target(logits.argmax(-1)) == argmax[1 + k :]) & step_ok
             prev = prefix[:n]
             prefix = prev & correct
-            counted = [step_valid.sum(), correct.sum(), prefix.sum(), (prev & step_valid).sum()]
+            counted = [step_ok.sum(), correct.sum(), prefix.sum(), (prev & step_ok).sum()]
             sums = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
                                 entropy_sum.double()])
         return loss + scaled, sums, prefix

@@ -41,10 +41,6 @@ class PackedBatch:
     def tokens(self) -> int:
         return self.bounds[-1]
 
-    @property
-    def max_len(self) -> int:
-        return max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:]))
-
     def pin_memory(self) -> PackedBatch:
         """Return the batch in page-locked host memory, so that `to(non_blocking=True)` overlaps."""
         if self.input_ids.device.type != "cpu" or not torch.cuda.is_available():
@@ -78,10 +74,17 @@ class PackedBatch:
     def step_counts(self, ttt_steps: int) -> torch.Tensor:
         """Return float64 [ttt_steps]: the loss positions of each TTT step, as objective.step_counts counts them."""
         valid, doc = self.valid()[0], self.doc_ids[0]
-        n = valid.shape[0]
-        return torch.stack([
-            (valid[k + 1 :] & (doc[: n - 1 - k] == doc[k + 1 :])).sum() for k in range(ttt_steps)
-        ]).double()
+        return torch.stack([step_valid(valid, doc, k).sum() for k in range(ttt_steps)]).double()
+
+
+def step_valid(valid: torch.Tensor, doc: torch.Tensor, k: int) -> torch.Tensor:
+    """Return [max(N - 1 - k, 0)] bool: the origins t of a packed row [N] whose TTT step-k target counts.
+
+    Step k at origin t predicts the target's prediction at t+1+k: it counts when that position is
+    valid (`PackedBatch.valid`) and of the same sample as t.
+    """
+    n = max(valid.shape[0] - 1 - k, 0)
+    return valid[1 + k :] & (doc[:n] == doc[1 + k :])
 
 
 def _layout(lengths: Sequence[int], device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
