@@ -40,7 +40,7 @@ from curator.mix.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter
-from curator.mix.survey import Examined, Survey, importance_keys, survey
+from curator.mix.survey import Examined, Survey, classify_prompt, importance_keys, survey
 from curator.traffic.schema import CATEGORIES, Profile, load_profile
 from training.diskspace import named_disk_full
 from training.text import is_valid_unicode
@@ -268,8 +268,6 @@ class _SourceRun:
             return ex
         ex = self.examine(index, row)
         if ex.prompt is not None and self.spec.is_traffic:  # a row the survey did not see
-            from curator.mix.survey import classify_prompt
-
             return Examined(ex.prompt, source_id=ex.source_id, category=classify_prompt(ex.prompt))
         return ex
 

@@ -47,7 +47,6 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 TURN_POLICIES = frozenset({"all", "last"})
 ANSWERED_ROLES = ("user", "tool")
 REQUIRED_COLUMNS = ("id", "messages")
-PART_GLOB = "part-*.parquet"
 _HASH_CHARS = 12
 
 TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()),
@@ -326,11 +325,6 @@ class MixWriter:
         fsync_path(self.out_dir)
         write_text(self.out_dir / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         fsync_path(self.out_dir)
-
-    def abort(self) -> None:
-        """Remove the temporary parts (the folder keeps the mix it had)."""
-        for part in self.parts:
-            part.tmp.unlink(missing_ok=True)
 
 
 def conform(table: pa.Table) -> pa.Table:

@@ -59,7 +59,6 @@ class Survey:
     codes: np.ndarray  # int16 per row: category index, UNUSABLE for malformed or filtered rows
     excluded: np.ndarray  # bool per row: held out for evaluation, never in the mix
     heldout_conversations: int = 0
-    keys: np.ndarray | None = None  # float walk keys under --match (inf: walked last)
     features: FeatureStore | None = field(default=None, repr=False)
 
     @property
