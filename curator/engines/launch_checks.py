@@ -78,8 +78,5 @@ def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec
     if engine == vllm.NAME:
         return vllm.launch_command(model, str(layout.path), steps, spec)
     topk = spec.topk if spec and spec.topk and spec.topk >= 1 else 1
-    if spec and spec.num_draft_tokens and topk > 1 and 2 <= spec.num_draft_tokens <= 1 + topk + (steps - 1) * topk * topk:
-        ndt = spec.num_draft_tokens
-    else:
-        ndt = steps + 1 if topk == 1 else min(1 + topk + (steps - 1) * topk * topk, 2 * steps + 2)
+    ndt = sglang.draft_tokens(steps, topk, spec.num_draft_tokens if spec else None)
     return sglang.launch_command(model, str(layout.path), steps, topk, ndt, spec)

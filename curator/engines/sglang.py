@@ -63,6 +63,21 @@ def parse(argv: list[str]) -> LaunchSpec:
     return spec
 
 
+def max_draft_tokens(steps: int, topk: int) -> int:
+    """Return the most nodes, the root included, of a draft tree of `steps` steps with top-`topk`
+    (the largest --speculative-num-draft-tokens that means anything)."""
+    return 1 + topk + (steps - 1) * topk * topk
+
+
+def draft_tokens(steps: int, topk: int, given: int | None = None) -> int:
+    """Return the --speculative-num-draft-tokens to serve `steps` steps with top-`topk`: `given` when
+    it fits the tree (topk > 1), else steps + 1 for a chain (topk 1) and at most 2 * steps + 2 nodes
+    of a tree."""
+    if given and topk > 1 and 2 <= given <= max_draft_tokens(steps, topk):
+        return given
+    return steps + 1 if topk == 1 else min(max_draft_tokens(steps, topk), 2 * steps + 2)
+
+
 def step_checks(spec: LaunchSpec) -> list[Check]:
     """Return the check of the draft-step flags as SGLang's start-up reads them."""
     # SGLang 0.5.23 (srt/arg_groups/speculative_hook.py): without --speculative-num-steps it asserts
@@ -85,7 +100,7 @@ def step_checks(spec: LaunchSpec) -> list[Check]:
         return [Check("draft steps", "warn",
                       f"with topk 1 the draft is a chain of {steps} tokens, verified with the root as {steps + 1}; "
                       f"SGLang adjusts --speculative-num-draft-tokens {ndt} to {steps + 1}: say {steps + 1}")]
-    most = 1 + topk + (steps - 1) * topk * topk
+    most = max_draft_tokens(steps, topk)
     if ndt > most:
         return [Check("draft steps", "error",
                       f"a tree of {steps} steps with top-{topk} has at most {most} nodes incl. the root; "
