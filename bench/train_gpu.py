@@ -15,7 +15,8 @@ Paths: `old` is the padded path exactly as it ran before (fp32 host batch copied
 TTTObjective, foreach AdamW, a loss read back every step); `new` is what training.trainer runs
 now (packed rows, PackedTTTObjective, pinned host batch copied on a side stream one step ahead,
 fused AdamW, no host sync in the step); `compiled` is `new` with training.kernels enabled
-(torch.compile'd RMSNorm and soft cross-entropy rows; off in the trainer unless enabled).
+(torch.compile'd RMSNorm and soft cross-entropy rows), as the trainer runs on CUDA when they
+compile and work there (training.kernels.enable_if_working); `new` keeps them off.
 
 --all adds: `check` (on the GPU, old and new path in bf16 against the old path in float32 on
 packed samples of several lengths: loss and gradient errors); `profile` (torch.profiler of one
@@ -43,12 +44,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
+from bench.simulate_bench import MemoryStates  # noqa: E402
 
 from training.batches import Batch, Prefetcher, epoch_batches, load_batch  # noqa: E402
 from training import kernels  # noqa: E402
 from training.draft import DraftConfig, Eagle3Draft  # noqa: E402
 from training.objective import (  # noqa: E402
-    PackedTTTObjective, TTTObjective, packed_call, packed_target_signals, step_counts, target_signals,
+    N_SUMS, PackedTTTObjective, TTTObjective, packed_call, packed_target_signals, step_counts, target_signals,
 )
 from training.packing import DeviceCopier, from_padded, pack_samples, plan_micro_batches  # noqa: E402
 from training.profiling import PREFIX, phase  # noqa: E402
@@ -356,7 +358,7 @@ def equivalence_check(dev: torch.device) -> dict[str, Any]:
         samples.append(HiddenStateSample(id=f"s{i}", input_ids=torch.randint(0, shape.vocab, (n,), generator=gen),
                                          loss_mask=mask, aux=torch.randn(n, 3 * shape.hidden, generator=gen),
                                          final=torch.randn(n, shape.hidden, generator=gen)))
-    store = _MemoryStore(samples)
+    store = MemoryStates(samples)
     ids = [s.id for s in samples]
     T = max(lengths)
     padded = load_batch(store, ids, T)
@@ -406,21 +408,6 @@ def equivalence_check(dev: torch.device) -> dict[str, Any]:
     return out
 
 
-class _MemoryStore:
-    """What load_batch and pack_samples read from a store, over samples held in memory."""
-
-    root = "memory"
-
-    def __init__(self, samples: list[HiddenStateSample]) -> None:
-        self.by_id = {s.id: s for s in samples}
-
-    def load_many(self, ids: list[str]) -> list[HiddenStateSample]:
-        return [self.by_id[i] for i in ids]
-
-    def length(self, sid: str) -> int:
-        return len(self.by_id[sid])
-
-
 # --- real lengths ------------------------------------------------------------------------------
 
 
@@ -438,7 +425,7 @@ def real_lengths(n: int, mean: float, longest: int, seed: int = 0) -> list[int]:
     return out
 
 
-def _real_store(lengths: list[int], shape: Shape, dtype: torch.dtype) -> _MemoryStore:
+def _real_store(lengths: list[int], shape: Shape, dtype: torch.dtype) -> MemoryStates:
     """Return samples of `lengths` whose states are slices of one random buffer (distinct ids, masks)."""
     gen = torch.Generator().manual_seed(1)
     longest = max(lengths)
@@ -451,14 +438,15 @@ def _real_store(lengths: list[int], shape: Shape, dtype: torch.dtype) -> _Memory
         off = i % 64
         samples.append(HiddenStateSample(id=f"r{i:05d}", input_ids=torch.randint(0, shape.vocab, (n,), generator=gen),
                                          loss_mask=mask, aux=aux[off : off + n], final=final[off : off + n]))
-    return _MemoryStore(samples)
+    return MemoryStates(samples)
 
 
-def real_bench(path: str, shape: Shape, dev: torch.device, store: _MemoryStore, *, max_length: int, micro: int,
+def real_bench(path: str, shape: Shape, dev: torch.device, store: MemoryStates, *, max_length: int, micro: int,
                global_batch: int, steps: int, warmup: int, peak: float) -> dict[str, Any]:
     """Return useful tokens/s of `path` on real lengths, batched as the trainer batches them."""
-    ids = sorted(store.by_id)
+    ids = sorted(store.ids())
     lengths = {s: min(store.length(s), max_length) for s in ids}
+    loss_tokens = {s: int(store.samples[s].loss_mask[:max_length].sum()) for s in ids}
     plan = epoch_batches(ids, lengths, global_batch, 16, seed=0, epoch=0)[: warmup + steps]
     steps = len(plan) - warmup
     cfg, draft, head, params, opt = _build(shape, dev, path, max_positions=max_length)
@@ -482,7 +470,7 @@ def real_bench(path: str, shape: Shape, dev: torch.device, store: _MemoryStore, 
 
     prefetch = Prefetcher(load, len(plan), depth=2)
     counted = {"useful": 0, "loss": 0, "computed": 0, "micro_batches": 0}
-    pending = torch.zeros(ttt, 6, dtype=torch.float64)
+    pending = torch.zeros(ttt, N_SUMS, dtype=torch.float64)
     try:
         for i in range(len(plan)):
             if i == warmup:
@@ -505,7 +493,7 @@ def real_bench(path: str, shape: Shape, dev: torch.device, store: _MemoryStore, 
                     counted["computed"] += cpu.input_ids.numel()
             else:  # the trainer's loop now
                 scale = _scale(sum(b.step_counts(ttt) for b in loaded), ttt, dev)
-                step_sums = torch.zeros(ttt, 6, dtype=torch.float64, device=dev)
+                step_sums = torch.zeros(ttt, N_SUMS, dtype=torch.float64, device=dev)
                 moving = copier.start(loaded[0])
                 for j in range(len(loaded)):
                     b = copier.wait(moving)
@@ -521,7 +509,7 @@ def real_bench(path: str, shape: Shape, dev: torch.device, store: _MemoryStore, 
             float(torch.nn.utils.clip_grad_norm_(params, 0.5))  # the trainer reads the norm every step
             opt.step()
             counted["useful"] += sum(lengths[s] for s in plan[i])
-            counted["loss"] += sum(int(store.by_id[s].loss_mask[: max_length].sum()) for s in plan[i])
+            counted["loss"] += sum(loss_tokens[s] for s in plan[i])
             counted["micro_batches"] += len(loaded)
         _sync(dev)
         elapsed = time.perf_counter() - t

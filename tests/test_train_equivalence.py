@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.simulate_bench import MemoryStates
 from training.batches import Batch
 from training.draft import DraftConfig, Eagle3Draft
 from training.objective import (
@@ -29,18 +30,6 @@ from training.ttt_attention import PackedTTTCache
 VOCAB, HIDDEN = 96, 32
 LR = 1e-3
 LENGTHS = [13, 7, 20, 4]
-
-
-class _Samples:
-    """Just what pack_samples reads from a store."""
-
-    root = "memory"
-
-    def __init__(self, samples: list[HiddenStateSample]) -> None:
-        self.by_id = {s.id: s for s in samples}
-
-    def load_many(self, ids: list[str]) -> list[HiddenStateSample]:
-        return [self.by_id[i] for i in ids]
 
 
 def _setup(draft_vocab: int) -> tuple[Eagle3Draft, TargetHead, list[HiddenStateSample]]:
@@ -116,7 +105,7 @@ def test_packed_and_unpacked_batches_match_the_padded_reference(ttt: int, draft_
     counts = step_counts(padded.loss_mask, ttt)
     scale = (torch.tensor([0.8**k for k in range(ttt)], dtype=torch.float64) / counts.clamp(min=1)).float()
     ref = _reference(draft, head, padded, scale, ttt)
-    store = _Samples(samples)
+    store = MemoryStates(samples)
     lengths = {s.id: len(s) for s in samples}
     packs = {
         "one packed row": [pack_samples(store, [s.id for s in samples], 64)],
@@ -138,7 +127,7 @@ def test_several_optimizer_steps_follow_the_same_weights() -> None:
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=LR)
         padded = _padded(samples)
         scale = (0.8 ** torch.arange(ttt, dtype=torch.float64) / step_counts(padded.loss_mask, ttt)).float()
-        batch = pack_samples(_Samples(samples), [s.id for s in samples], 64)
+        batch = pack_samples(MemoryStates(samples), [s.id for s in samples], 64)
         for _ in range(3):
             if packed:
                 _packed(draft, head, [batch], scale, ttt)
