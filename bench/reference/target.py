@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from bench.reference.sources import read_texts
 from training.toy_target import llama_config, save_target, train_causal_lm, train_tokenizer
 
 
@@ -39,21 +40,7 @@ def python_sources(max_bytes: int, roots: list[Path] | None = None) -> list[tupl
     if roots is None:
         paths = sysconfig.get_paths()
         roots = sorted({Path(paths["stdlib"]), Path(paths["purelib"]), Path(paths["platlib"])})
-    files = sorted({p for root in roots if root.exists() for p in root.rglob("*.py")})
-    out: list[tuple[str, str]] = []
-    total = 0
-    for path in files:
-        try:
-            if path.stat().st_size > 200_000:
-                continue
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        out.append((str(path), text))
-        total += len(text)
-        if total >= max_bytes:
-            break
-    return out
+    return read_texts(sorted({p for root in roots if root.exists() for p in root.rglob("*.py")}), max_bytes)
 
 
 def split_sources(files: list[tuple[str, str]], pool_share: float = 0.25, heldout_share: float = 0.03) -> SourceSplit:

@@ -19,8 +19,11 @@ import json
 import os
 import random
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from bench.reference.sources import read_texts
 
 if TYPE_CHECKING:  # bench.reference.target imports torch: build-mix's worker processes need none of it
     from bench.reference.target import SourceSplit
@@ -33,7 +36,6 @@ SUFFIXES = {
     "config": (".toml", ".cfg", ".ini", ".yaml", ".yml", ".conf", ".json"),
     "prose": (".md", ".rst", ".txt", "METADATA"),
 }
-MAX_FILE_BYTES = 200_000  # larger files are mostly generated tables or vendored bundles
 
 
 def _roots() -> list[Path]:
@@ -46,27 +48,13 @@ def files_with(suffixes: tuple[str, ...], max_bytes: int, roots: list[Path] | No
     """Return (path, text) of files whose name ends with one of `suffixes`, in sorted walk order, up
     to `max_bytes` of text (unreadable, non-UTF-8 and oversized files skipped). The walk stops once
     it has enough: a small budget reads a small part of the disk."""
-    out: list[tuple[str, str]] = []
-    total = 0
-    for root in roots or _roots():
-        for folder, dirs, names in os.walk(root):
-            dirs.sort()
-            for name in sorted(names):
-                if not name.endswith(suffixes):
-                    continue
-                path = Path(folder) / name
-                try:
-                    if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
-                        continue
-                    text = path.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError):
-                    continue
-                if text.strip():
-                    out.append((str(path), text))
-                    total += len(text)
-                if total >= max_bytes:
-                    return out
-    return out
+    def walk() -> Iterator[Path]:
+        for root in roots or _roots():
+            for folder, dirs, names in os.walk(root):
+                dirs.sort()
+                yield from (Path(folder) / name for name in sorted(names) if name.endswith(suffixes))
+
+    return read_texts(walk(), max_bytes, keep_blank=False)
 
 
 TOOLS = {
