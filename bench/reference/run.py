@@ -31,7 +31,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import torch
@@ -45,6 +45,7 @@ from bench.reference.target import build_reference_target, code_windows, python_
 from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.mix.schema import write_tables  # noqa: E402
 from training import hidden_states  # noqa: E402
+from training.atomic import write_text  # noqa: E402
 from training.evaluate import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402
 from training.export import export_checkpoint, load_draft  # noqa: E402
 from training.store import HiddenStateStore  # noqa: E402
@@ -264,10 +265,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_saving(args: argparse.Namespace, run_fn: Callable[[argparse.Namespace, Callable[[dict[str, Any]], None]], dict[str, Any]],
+               default: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Return `run_fn(args, save)`'s results with the run's total_s, device and versions added;
+    `save(partial)` keeps what is done so far in args.out (when given), written whole or not at all."""
     import transformers
 
-    args = parse_args(argv)
     t0 = time.perf_counter()
     env = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -277,13 +280,26 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(partial: dict[str, Any]) -> None:
         if args.out:
-            tmp = Path(args.out).with_suffix(".tmp")
-            tmp.write_text(json.dumps({**partial, **env, "partial": True, "elapsed_s": round(time.perf_counter() - t0, 1)}) + "\n")
-            tmp.replace(args.out)
+            write_text(args.out, json.dumps({**partial, **env, "partial": True,
+                                             "elapsed_s": round(time.perf_counter() - t0, 1)}, default=default) + "\n")
 
-    results = run(args, save)
+    results = run_fn(args, save)
     results["total_s"] = round(time.perf_counter() - t0, 1)
     results.update(env)
+    return results
+
+
+def write_results(args: argparse.Namespace, results: dict[str, Any], default: Callable[[Any], Any] | None = None) -> str:
+    """Return the results as one JSON line, written to args.out (when given) in place of the partial ones."""
+    line = json.dumps(results, default=default)
+    if args.out:
+        write_text(args.out, line + "\n")
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = run_saving(args, run)
     print(f"{'pool':>6} {'dtype':>5} {'mode':>5} {'teacher-forced':>14} {'simulated':>9} {'same prompts':>12} "
           f"{'measured AL':>11} {'sim error':>9} {'s/1k tok':>8}")
     for row in results["curve"]:
@@ -291,10 +307,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['simulated_accept_length']:>9.3f} {row['simulated_same_prompts']:>12.3f} "
               f"{row['measured_accept_length']:>11.3f} {row['simulated_error']:>+9.1%} "
               f"{row['simulated_s_per_1k_tokens']:>8.3f}")
-    line = json.dumps(results)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    print(write_results(args, results))
     return 0
 
 

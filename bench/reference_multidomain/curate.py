@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from bench.reference_multidomain.domains import CATEGORY, DOMAINS
+from training.atomic import write_text
 
 POOL_SOURCES = {cat: [d for d in DOMAINS if CATEGORY[d] == cat] for cat in dict.fromkeys(CATEGORY.values())}
 
@@ -55,11 +56,7 @@ def pool_sources(rows_by_domain: dict[str, list[dict[str, Any]]], folder: Path) 
             for q in queues:
                 if q:
                     rows.append(q.pop(0))
-        path = folder / f"{cat}.jsonl"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for _, r in rows), encoding="utf-8")
-        tmp.replace(path)
-        files[cat] = path
+        files[cat] = write_text(folder / f"{cat}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for _, r in rows))
         domain_of.update({f"{cat}:{i}": d for i, (d, _) in enumerate(rows)})
     return files, domain_of
 

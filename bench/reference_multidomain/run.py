@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.reference.run import Timer, write_mix  # noqa: E402
+from bench.reference.run import Timer, run_saving, write_mix, write_results  # noqa: E402
 from bench.reference.target import code_windows, train_target  # noqa: E402
 from bench.reference_multidomain.curate import pool_sources, profile, start_builds, union_mix  # noqa: E402
 from bench.reference_multidomain.domains import CATEGORY, DOMAINS, split_domains, tool_schemas  # noqa: E402
@@ -53,6 +53,7 @@ from curator import forecast as fc  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.traffic.classify import classify  # noqa: E402
 from training import hidden_states  # noqa: E402
+from training.atomic import write_text  # noqa: E402
 from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
 from training.export import export_checkpoint, load_draft  # noqa: E402
 from training.simulate import traffic_weighted  # noqa: E402
@@ -66,11 +67,7 @@ TRAFFIC_MIX = {"python": 0.55, "tools": 0.25, "arithmetic": 0.10, "prose": 0.10}
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def request(domain: str, prompt: str) -> dict[str, Any]:
@@ -424,8 +421,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import transformers
-
     args = parse_args(argv)
     if args.findings_from:
         # the comparisons again from a finished run's JSON, with this code (no GPU, nothing rerun)
@@ -436,30 +431,14 @@ def main(argv: list[str] | None = None) -> int:
                           "findings": {k: findings(rows, small, large, k) for k in FIGURES},
                           "goal": {k: goal_forecast(saved, args.goal, k) for k in FIGURES}}, indent=1))
         return 0
-    t0 = time.perf_counter()
-    env = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                        "python": sys.version.split()[0]}}
-
-    def save(partial: dict[str, Any]) -> None:
-        if args.out:
-            tmp = Path(args.out).with_suffix(".tmp")
-            tmp.write_text(json.dumps({**partial, **env, "partial": True,
-                                       "elapsed_s": round(time.perf_counter() - t0, 1)}, default=str) + "\n")
-            tmp.replace(args.out)
-
-    results = run(args, save)
-    results["total_s"] = round(time.perf_counter() - t0, 1)
-    results.update(env)
+    results = run_saving(args, run, default=str)
     print(f"{'draft':>24} {'samples':>7} {'measured (weighted)':>19} {'simulated (weighted)':>20}  per category measured")
     for tag, row in results["drafts"].items():
         per = " ".join(f"{c}={v:.2f}" for c, v in sorted(row["measured"].items()))
         print(f"{tag:>24} {row['samples']:>7} {row['measured_weighted'] or float('nan'):>19.3f} "
               f"{row['simulated_weighted'] or float('nan'):>20.3f}  {per}")
     print(json.dumps({"forecast": results.get("forecast"), "findings": results.get("findings")}))
-    line = json.dumps(results, default=str)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    write_results(args, results, default=str)
     return 0
 
 
