@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import os
 import re
 import shutil
@@ -123,19 +124,14 @@ def remove_stale(out_dir: str | Path) -> list[Path]:
     if not parent.is_dir():
         return []
     removed: list[Path] = []
-    asides = sorted(parent.glob(f".{glob_escape(out.name)}.old{TMP_MARK}*"))
+    asides = sorted(parent.glob(f".{glob.escape(out.name)}.old{TMP_MARK}*"))
     if asides and not out.exists():
         os.rename(asides.pop(), out)  # killed between the two renames of a fallback swap: the old mix is back
-    for path in [*asides, *sorted(parent.glob(f".{glob_escape(out.name)}.build{TMP_MARK}*"))]:
+    for path in [*asides, *sorted(parent.glob(f".{glob.escape(out.name)}.build{TMP_MARK}*"))]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def glob_escape(name: str) -> str:
-    """Return `name` with glob's special characters made literal."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _exchange(a: Path, b: Path) -> bool:
