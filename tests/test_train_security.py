@@ -171,6 +171,22 @@ def test_a_long_value_of_the_wrong_type_is_not_copied_into_the_error(tmp_path: P
         load_run_config(path)
 
 
+def test_save_checkpoint_refuses_non_finite_weights_unless_its_caller_checked_them(tmp_path: Path) -> None:
+    from training.checkpoint import save_checkpoint
+    from training.draft import DraftConfig, Eagle3Draft
+
+    cfg = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                      vocab_size=512, draft_vocab_size=512)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        draft.fc.weight[0, 0] = float("nan")
+    with pytest.raises(DivergedError, match=r"hold NaN/inf \(fc.weight\) at step 1"):
+        save_checkpoint(tmp_path, draft, {"step": 1}, None)
+    assert latest_checkpoint(tmp_path) is None and not (tmp_path / "checkpoints").exists()
+    # the trainer checks the weights itself right before saving, and asks for no second check
+    assert save_checkpoint(tmp_path, draft, {"step": 1}, None, check_finite=False).name == "step-0000001"
+
+
 @pytest.mark.skipif(not _small_disk_works(), reason="needs unshare -rm and tmpfs mounts")
 def test_a_checkpoint_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
     # the draft's weights (~700 KB of float32) do not fit a 256 KB disk: safetensors fails first

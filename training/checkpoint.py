@@ -71,13 +71,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None
+    run_dir: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None,
+    *, check_finite: bool = True,
 ) -> Path:
     """Write checkpoints/step-NNNNNNN/ (weights, meta, optimizer state) atomically; return it.
 
     Refuses (DivergedError) weights that hold NaN or inf: no checkpoint of a diverged run is kept.
+    `check_finite=False` is for a caller that has just checked the same weights itself (the trainer).
     """
-    bad = nonfinite_tensors(draft.trainable_state_dict())
+    bad = nonfinite_tensors(draft.trainable_state_dict()) if check_finite else []
     if bad:
         raise DivergedError(f"the draft's weights hold NaN/inf ({', '.join(bad[:3])}) at step {meta['step']}: "
                             "training diverged; not saving it (lower lr or grad_clip and train again)")
