@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +38,14 @@ import pyarrow.parquet as pq
 from curator.mix import build_mix, recipe_from_dict
 from curator.mix.dedup import Deduper, normalise_text
 from curator.traffic.features import BUCKETS, FEATURE_METHOD, distribution
-from curator.traffic.schema import PROFILE_KIND, PROFILE_VERSION
+from curator.traffic.profile import write_profile as save_profile
+from curator.traffic.schema import CategoryShare, Features, Profile, SparseCounts
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.profile_bench import timed  # noqa: E402
 
 
 def _vocab(rng: np.random.Generator, size: int = 30_000) -> np.ndarray:
@@ -142,17 +150,10 @@ def write_profile(path: Path, shares: dict[str, float], seed: int = 1) -> Path:
     for cat in shares:
         dense = distribution(_texts(rng, vocab, 5000))
         nz = np.flatnonzero(dense)
-        per_category[cat] = {"indices": nz.tolist(), "counts": dense[nz].tolist()}
-    path.write_text(json.dumps({"kind": PROFILE_KIND, "version": PROFILE_VERSION,
-                                "categories": {c: {"share": s, "rows": 5000} for c, s in shares.items()},
-                                "features": {"method": FEATURE_METHOD, "buckets": BUCKETS, "per_category": per_category}}))
-    return path
-
-
-def _timed(recipe: object, out: Path, **kwargs: object) -> tuple[float, float, dict]:
-    t0, c0 = time.perf_counter(), time.process_time()
-    manifest = build_mix(recipe, out, **kwargs)  # type: ignore[arg-type]
-    return time.perf_counter() - t0, time.process_time() - c0, manifest
+        per_category[cat] = SparseCounts(indices=nz.tolist(), counts=dense[nz].tolist())
+    profile = Profile(categories={c: CategoryShare(share=s, rows=5000) for c, s in shares.items()},
+                      features=Features(method=FEATURE_METHOD, buckets=BUCKETS, per_category=per_category))
+    return save_profile(profile, path)
 
 
 def main() -> None:
@@ -177,8 +178,8 @@ def main() -> None:
             }
         )
         profile = write_profile(folder / "profile.json", {"chat": half / args.rows, "code": 1 - half / args.rows})
-        wall, cpu, manifest = _timed(recipe, folder / "mix")
-        m_wall, m_cpu, matched = _timed(recipe, folder / "matched", match=profile)
+        wall, cpu, manifest = timed(lambda: build_mix(recipe, folder / "mix"))
+        m_wall, m_cpu, matched = timed(lambda: build_mix(recipe, folder / "matched", match=profile))
     quality = near_quality(texts, pairs, args.near)
     result = {
         "rows": args.rows,

@@ -18,16 +18,19 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from curator.traffic.profile import build_profile
 from curator.traffic.read import iter_traffic
 from curator.traffic.synthetic import write_jsonl
 
+T = TypeVar("T")
 SHARES = {"agentic": 0.25, "code": 0.35, "reasoning": 0.15, "chat": 0.25}
 
 
-def _timed(fn) -> tuple[float, float, object]:
+def timed(fn: Callable[[], T]) -> tuple[float, float, T]:
     """Return (wall seconds, CPU seconds of this process, result): on a shared machine the CPU time is the steadier."""
     start, cpu = time.perf_counter(), time.process_time()
     out = fn()
@@ -50,9 +53,9 @@ def main() -> None:
         lines = full.read_text(encoding="utf-8").splitlines(keepends=True)
         small.write_text("".join(lines[: args.rows // 5]), encoding="utf-8")
         chars = sum(len(line) for line in lines) / len(lines)
-        read_s, read_cpu, n_read = _timed(lambda: sum(1 for _ in iter_traffic(full)))
-        small_s, small_cpu, _ = _timed(lambda: build_profile(small))
-        full_s, full_cpu, profile = _timed(lambda: build_profile(full))
+        read_s, read_cpu, n_read = timed(lambda: sum(1 for _ in iter_traffic(full)))
+        small_s, small_cpu, _ = timed(lambda: build_profile(small))
+        full_s, full_cpu, profile = timed(lambda: build_profile(full))
     result = {
         "mean_record_chars": round(chars, 1),
         "read_only": _stage(n_read, read_s, read_cpu),
