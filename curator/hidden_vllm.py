@@ -242,6 +242,10 @@ class VllmExtractor:
         self.meta = meta
         self.norm = norm
         self.layers = engine_layer_ids(meta)
+        self.shared = self.local_path(opts.shared_dir)  # the engine's shared folder, as seen here
+        self.where = f"--shared-dir {opts.shared_dir}" + (f" seen here as {self.shared}" if str(self.shared) != opts.shared_dir else "")
+        # Checked and resolved once, at the first answer (the engine may make the folder at its first write).
+        self._shared_real: Path | None = None
 
     def local_path(self, engine_path: str) -> Path:
         """Return where the engine's file is on this machine (through --path-map when given)."""
@@ -251,23 +255,29 @@ class VllmExtractor:
                 return Path(dst + engine_path[len(src):])
         return Path(engine_path)
 
+    def shared_folder(self) -> Path:
+        """Return the real path of the engine's shared folder (checked and resolved at the first call
+        only); _Fatal when it is not a folder visible here."""
+        if self._shared_real is None:
+            if not self.shared.is_dir():
+                raise _Fatal(
+                    f"the engine's shared folder ({self.where}) is not visible here: mount its shared_storage_path on this "
+                    "machine, or pass --path-map ENGINE_DIR=LOCAL_DIR"
+                )
+            self._shared_real = self.shared.resolve()
+        return self._shared_real
+
     def engine_file(self, engine_path: str) -> Path:
         """Return the local path of the file an answer names, once it is one this client may read and
         remove: a `*.safetensors` name directly inside the shared folder, neither it nor its lock a
         symlink or anything but a plain file. _Fatal otherwise, before anything is read or removed."""
-        shared = self.local_path(self.opts.shared_dir)
-        where = f"--shared-dir {self.opts.shared_dir}" + (f" seen here as {shared}" if str(shared) != self.opts.shared_dir else "")
-        if not shared.is_dir():
-            raise _Fatal(
-                f"the engine's shared folder ({where}) is not visible here: mount its shared_storage_path on this "
-                "machine, or pass --path-map ENGINE_DIR=LOCAL_DIR"
-            )
+        shared = self.shared_folder()
         path = self.local_path(engine_path)
-        inside = path.is_absolute() and path.parent.resolve() == shared.resolve()
+        inside = path.is_absolute() and path.parent.resolve() == shared
         if not inside or not path.name.endswith(".safetensors") or path.name.startswith("."):
             raise _Fatal(
                 f"the engine named {engine_path!r} as its hidden-states file, which is not a .safetensors file "
-                f"directly inside its shared folder ({where}); nothing was read or removed. Start vLLM with the "
+                f"directly inside its shared folder ({self.where}); nothing was read or removed. Start vLLM with the "
                 "--kv-transfer-config of --print-server-command (same --shared-dir), or pass --path-map ENGINE_DIR=LOCAL_DIR"
             )
         for p in (path, Path(f"{path}.lock")):
