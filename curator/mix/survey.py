@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 
 from curator.mix.formats import Conversation, as_messages
@@ -34,11 +36,12 @@ class Examined:
     category: str | None = None
 
 
-def classify_prompt(prompt: Conversation) -> str:
-    """Return the traffic classifier's category for a prompt."""
+def classify_prompt(prompt: Conversation, messages: list[dict[str, Any]] | None = None, text: str | None = None) -> str:
+    """Return the traffic classifier's category for a prompt (`messages`: its `as_messages`, and `text`
+    its user text, where the caller has them already)."""
     from curator.traffic.classify import classify  # the rules load only where traffic is read
 
-    return classify(as_messages(prompt), prompt.tools).category
+    return classify(messages if messages is not None else as_messages(prompt), prompt.tools, text).category
 
 
 def conversation_hash(seed: int, prompt: Conversation) -> int:
@@ -88,7 +91,7 @@ def survey(
     codes: list[int] = []
     convs: list[int] = []
     store = FeatureStore(buckets) if buckets is not None else None
-    pending: tuple[list[int], list[Conversation]] = ([], [])
+    pending: tuple[list[int], list[str]] = ([], [])  # rows waiting for the feature store, and their user texts
     for index, row in enumerate(rows):
         if on_read is not None and index % 1000 == 999:
             on_read(index + 1)
@@ -97,17 +100,20 @@ def survey(
             codes.append(UNUSABLE)
             convs.append(0)
             continue
-        cat = classify_prompt(ex.prompt) if spec.is_traffic else spec.category
+        # A traffic row is converted, and its user text taken, once for the classifier and the features.
+        messages = as_messages(ex.prompt) if spec.is_traffic or store is not None else None
+        text = match_texts([messages])[0] if store is not None else None  # type: ignore[list-item]
+        cat = classify_prompt(ex.prompt, messages, text) if spec.is_traffic else spec.category
         codes.append(names.setdefault(cat, len(names)))
         convs.append(conversation_hash(seed, ex.prompt) if spec.heldout is not None else 0)
         if store is not None:
             pending[0].append(index)
-            pending[1].append(ex.prompt)
+            pending[1].append(text)  # type: ignore[arg-type]
             if len(pending[0]) >= _BATCH:
-                store.add(pending[0], match_texts([as_messages(p) for p in pending[1]]))
+                store.add(pending[0], pending[1])
                 pending = ([], [])
     if store is not None:
-        store.add(pending[0], match_texts([as_messages(p) for p in pending[1]]))
+        store.add(pending[0], pending[1])
     if on_read is not None:
         on_read(len(codes))
     code_array = np.asarray(codes, dtype=np.int16)

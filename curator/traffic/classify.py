@@ -273,12 +273,14 @@ def scores(text: str) -> tuple[dict[str, float], dict[str, str]]:
     return total, {cat: name for cat, (_, name) in best.items()}
 
 
-def classify(messages: list[dict[str, Any]], tools: list[Any] | None) -> Decision:
-    """Return the category of one request (its prompt messages and the tools it declares)."""
+def classify(messages: list[dict[str, Any]], tools: list[Any] | None, text: str | None = None) -> Decision:
+    """Return the category of one request (its prompt messages and the tools it declares); `text` is
+    `user_text(messages)` where the caller has it already."""
     found = _agentic(messages, tools)
     if found is not None:
         return found
-    text = user_text(messages)
+    if text is None:
+        text = user_text(messages)
     total, why = scores(text)
     ranked = sorted(total.items(), key=lambda kv: (-kv[1], ("code", "reasoning", "chat").index(kv[0])))
     (first, top), (_, second) = ranked[0], ranked[1]

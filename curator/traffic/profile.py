@@ -174,8 +174,8 @@ def build_profile(
             if isinstance(row, BrokenRow):
                 tally.malformed_row(row)
                 continue
-            decision = classify(row.messages, row.tools)
             text = user_text(row.messages)
+            decision = classify(row.messages, row.tools, text)
             tally.rules[decision.rule] += 1
             pieces = _prompt_text(row)
             tally.lengths.append(lengths.measure(pieces))
