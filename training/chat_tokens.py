@@ -196,12 +196,13 @@ def _token_rows(record: dict[str, Any]) -> list[tuple[list[int], list[bool], lis
 
 
 def tokenize_rows(record: dict[str, Any], tokenizer: Any | None = None,
-                  max_len: int | None = None) -> list[ChatTokens]:
+                  max_len: int | None = None, vocab_size: int | None = None) -> list[ChatTokens]:
     """Return the training rows of a record (the one holding the last answer first), each clipped to max_len.
 
     Token-mode records need no tokenizer; text-mode records need the target's (with its chat template).
+    A stored id the target cannot take (negative, past int64, at/past `vocab_size`) is a MalformedRecordError.
     """
-    problem = record_problem(record)
+    problem = record_problem(record, vocab_size)
     if problem:
         raise MalformedRecordError(f"record {record.get('id')!r}: {problem}")
     if record.get("mode") == "token":

@@ -39,8 +39,27 @@ ROLES = ("system", "user", "assistant", "tool")
 MODES = ("token", "text")
 
 
-def _ids_ok(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+INT64_LIMIT = 2**63  # torch.long holds ids below this
+
+
+def _ids_problem(ids: Any, field: str, k: int, vocab_size: int | None) -> str | None:
+    """Return what is wrong with one generation's `field` (its ids, walked once), or None.
+
+    Stored ids are untrusted: one at or past the target's vocabulary would index past its embedding
+    (an IndexError that takes down a whole capture), and one past 2^63 cannot even become a tensor
+    (ValueError: Overflow). Such a record is one malformed record, counted and skipped where it
+    enters (`hidden-states`, `plan`), never a crash.
+    """
+    if not isinstance(ids, list) or not ids:
+        return f"generation for message {k} has no {field}"
+    limit = min(vocab_size, INT64_LIMIT) if vocab_size else INT64_LIMIT
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool):
+            return f"generation for message {k} has no {field}"
+        if not 0 <= i < limit:
+            where = f"the vocabulary ({vocab_size})" if vocab_size and i >= 0 else "the int64 range"
+            return f"{field} holds token id {i}, outside {where}"
+    return None
 
 
 def tool_call_problem(call: Any) -> str | None:
@@ -99,8 +118,12 @@ def messages_problem(messages: Any) -> str | None:
     return None
 
 
-def record_problem(record: Any) -> str | None:
-    """Return why a generation record is malformed (the one rule every reader applies), or None."""
+def record_problem(record: Any, vocab_size: int | None = None) -> str | None:
+    """Return why a generation record is malformed (the one rule every reader applies), or None.
+
+    A token id negative, past 2^63 - 1 or (given `vocab_size`) at/past the target's vocabulary makes
+    a token-mode record malformed.
+    """
     if not isinstance(record, dict):
         return "not a JSON object"
     fmt = record.get("format", RECORD_FORMAT)
@@ -121,12 +144,12 @@ def record_problem(record: Any) -> str | None:
     if mode not in MODES:
         return f"mode is {mode!r}, not one of {', '.join(MODES)}"
     if mode == "token":
-        return generations_problem(record)
+        return generations_problem(record, vocab_size)
     return None
 
 
-def generations_problem(record: dict[str, Any]) -> str | None:
-    """Return what is wrong with a token-mode record's `generations`, or None."""
+def generations_problem(record: dict[str, Any], vocab_size: int | None = None) -> str | None:
+    """Return what is wrong with a token-mode record's `generations` (their ids in range: `_ids_problem`), or None."""
     gens = record.get("generations")
     messages = record["messages"]
     if not isinstance(gens, list) or not gens:
@@ -141,10 +164,10 @@ def generations_problem(record: dict[str, Any]) -> str | None:
         if k in seen:
             return f"message {k} has two generations"
         seen.add(k)
-        if not _ids_ok(g.get("prompt_ids")) or not g["prompt_ids"]:
-            return f"generation for message {k} has no prompt_ids"
-        if not _ids_ok(g.get("completion_ids")) or not g["completion_ids"]:
-            return f"generation for message {k} has no completion_ids"
+        for field in ("prompt_ids", "completion_ids"):
+            problem = _ids_problem(g.get(field), field, k, vocab_size)
+            if problem:
+                return problem
     return None
 
 

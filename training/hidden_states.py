@@ -43,7 +43,6 @@ from training.chat_tokens import (
 )
 from training.distributed import init_distributed
 from training.errors import ModelMismatchError, TrainingError
-from training.id_range import check_generation_ids
 from training.layers import CONVENTION, check_layer_ids, default_aux_layers
 from training.outlock import OutputBusyError, OutputLock
 from training.target_config import text_part
@@ -213,8 +212,7 @@ def prepare_samples(
             continue
         seen.add(sid)
         try:
-            check_generation_ids(rec, vocab_size)
-            rows = tokenize_rows(rec, tokenizer, max_len=max_len)
+            rows = tokenize_rows(rec, tokenizer, max_len=max_len, vocab_size=vocab_size)  # ids checked in range
         except MalformedRecordError:
             stats.malformed += 1
             continue

@@ -17,7 +17,6 @@ from typing import Any
 
 from training.chat_tokens import MalformedRecordError, template_messages, template_options, tokenize_rows
 from training.errors import TrainingError
-from training.id_range import check_generation_ids
 from training.target_config import config_path, read_target_config
 from training.store import bytes_per_token
 
@@ -48,16 +47,16 @@ def load_shape(model: str | Path) -> ModelShape:
     return ModelShape(name, cfg["hidden_size"], cfg["num_hidden_layers"], int(cfg.get("vocab_size", 0) or 0))
 
 
-def record_length(record: dict[str, Any], tokenizer: Any | None) -> tuple[int, str]:
+def record_length(record: dict[str, Any], tokenizer: Any | None, vocab_size: int | None = None) -> tuple[int, str]:
     """Return (token count of a generation record, how it was measured).
 
-    Token-mode records: their stored ids. With the target's tokenizer: the exact chat-template length
+    Token-mode records: their stored ids (MalformedRecordError for one outside int64, or at/past `vocab_size`). With the target's tokenizer: the exact chat-template length
     (tools included). Without one: the request's usage
     (prompt + completion tokens of its last call), else characters / 4.
     """
     if record.get("mode") == "token":
         # The target's own ids, as hidden-states stores them (a row per re-rendered generation).
-        return sum(len(row) for row in tokenize_rows(record)), "stored ids"
+        return sum(len(row) for row in tokenize_rows(record, vocab_size=vocab_size)), "stored ids"
     if tokenizer is not None:
         messages, _ = template_messages(record)
         try:
@@ -83,8 +82,7 @@ def data_lengths(
     bad = 0
     for rec in records:
         try:
-            check_generation_ids(rec, vocab_size)
-            n, how = record_length(rec, tokenizer)
+            n, how = record_length(rec, tokenizer, vocab_size)
         except MalformedRecordError:
             bad += 1
             continue
