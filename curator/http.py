@@ -208,7 +208,12 @@ def httpx_failure(exc: Exception, what: str) -> Failure | None:
     return None
 
 
-def unreachable(url: str, timeout_s: float = 3.0) -> str | None:
+# How long a one-request reachability probe waits before a command says a server cannot be reached
+# (huggingface_hub's own retries would take minutes to say the same of the Hub).
+PROBE_TIMEOUT_S = 3.0
+
+
+def unreachable(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Return why `url` cannot be reached (the transport error's name), or None when it answers at all:
     any HTTP status, even an error, shows that the network reaches the server."""
     try:

@@ -211,9 +211,7 @@ def feature_type(t: Any) -> str:
     return str(kind)
 
 
-# How long the one-request probe waits for the Hub before a command says it cannot be reached
-# (huggingface_hub's own retries would take minutes to say the same).
-PROBE_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = http.PROBE_TIMEOUT_S  # the Hub probe's wait (http.py's), importable from here too
 
 
 def unreachable(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
