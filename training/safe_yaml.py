@@ -38,3 +38,10 @@ def safe_load(text: str) -> Any:
         return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader, minus aliases
     except RecursionError:
         raise yaml.YAMLError("nested too deeply to be a config") from None
+
+
+def error_text(exc: yaml.YAMLError) -> str:
+    """Return what a YAML error says, to follow "PATH: ": "line N not valid YAML: problem" (no line when unknown)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1} " if mark is not None else ""
+    return f"{where}not valid YAML: {getattr(exc, 'problem', None) or exc}"

@@ -128,15 +128,13 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         try:
             import yaml  # optional: the GPU box may lack it; JSON always works
 
-            from training.safe_yaml import safe_load
+            from training.safe_yaml import error_text, safe_load
         except ImportError as exc:
             raise TrainingError(f"{p} is YAML but PyYAML is not installed; install it or convert to JSON") from exc
         try:
             data = safe_load(text)  # no aliases: a 460-byte "billion laughs" file is refused, not expanded
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise TrainingError(f"{p}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+            raise TrainingError(f"{p}: {error_text(exc)}") from None
     else:
         try:
             data = json.loads(text)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from curator.errors import ConfigError
 from curator.mix.formats import ALIASES, NORMALISERS
-from training.safe_yaml import safe_load  # yaml.safe_load without aliases ("billion laughs")
+from training.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 # Built from the normalisers themselves, so that every format docs/generation.md documents is one
 # a recipe may name (`traffic`: request logs, see curator/traffic/schema.py).
@@ -231,7 +231,5 @@ def load_recipe(path: str | Path) -> Recipe:
     try:
         data = safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise ConfigError(f"{path}: {error_text(exc)}") from None
     return recipe_from_dict(data, str(path)).with_base_dir(path.resolve().parent, from_file=True)
