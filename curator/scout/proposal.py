@@ -24,6 +24,7 @@ import yaml
 
 from curator.catalog import Catalog
 from curator.errors import ConfigError
+from curator.mix.match import largest_remainder
 from training.atomic import write_text
 from curator.scout.briefs import Brief
 from curator.scout.traffic import TrafficShares, allocate_by_traffic, traffic_weights
@@ -140,13 +141,9 @@ def allocate(total: int, weights: list[float], caps: list[int | None]) -> list[i
                 out[i] = caps[i]
             open_ = [i for i in open_ if i not in capped]
             continue
-        floors = {i: int(exact[i]) for i in open_}
-        left = remaining - sum(floors.values())
-        # largest remainders get the last units so the shares sum exactly to the total
-        for i in sorted(open_, key=lambda i: (-(exact[i] - floors[i]), i))[:left]:
-            floors[i] += 1
-        for i in open_:
-            out[i] += floors[i]
+        # no cap reached: the rest is shared by largest remainders, so the shares sum exactly to the total
+        for i, share in zip(open_, largest_remainder([weights[i] for i in open_], remaining)):
+            out[i] += share
         remaining = 0
     return out
 
