@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import re
@@ -681,20 +682,16 @@ class _Turnstile:
         return False
 
 
-_EXPECTED: dict[str, frozenset[str]] = {}
-
-
+@functools.cache
 def _expected_schema() -> dict[str, frozenset[str]]:
-    """Return the tables and columns the migrations make (built once, in memory)."""
-    if not _EXPECTED:
-        con = duckdb.connect(":memory:")
-        try:
-            for migration in MIGRATIONS:
-                con.execute(migration)
-            _EXPECTED.update(_schema(con))
-        finally:
-            con.close()
-    return _EXPECTED
+    """Return the tables and columns the migrations make (built once, in memory; not to be changed)."""
+    con = duckdb.connect(":memory:")
+    try:
+        for migration in MIGRATIONS:
+            con.execute(migration)
+        return _schema(con)
+    finally:
+        con.close()
 
 
 def _schema(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
