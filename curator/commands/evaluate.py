@@ -38,10 +38,8 @@ def eval_command(
     import torch
 
     from curator.traffic.weighting import eval_weights
-    from training.evaluate import (DraftProposer, Sampling, evaluate, held_out_split, load_prompt_file, load_target,
-                                   offline_estimate, spread_by_category)
+    from training.evaluate import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
     from training.export import load_draft
-    from training.simulate import traffic_weighted
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -69,21 +67,11 @@ def eval_command(
     drafter = load_draft(draft, model).to(device=device, dtype=dtypes[dtype])
 
     start = time.perf_counter()
-    with progress() as bar:
-        task = bar.add_task("speculative decoding", total=len(chosen))
-        report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), chosen, steps=steps, topk=topk,
-                          max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
-                          on_prompt=lambda _: bar.advance(task))
+    report = measure(target, tokenizer, drafter, chosen, steps=steps, max_new_tokens=max_new_tokens,
+                     tie_margin=tie_margin, topk=topk, num_draft_tokens=num_draft_tokens, sampling=sampling,
+                     weights=weights, offline=(data, model, split) if data is not None and split is not None else None)
     if malformed:
         report.skipped["malformed rows"] = malformed
-    if weights is not None:
-        report.traffic = traffic_weighted(report.categories, weights.shares, weights.groups)
-    if data is not None and split is not None:
-        with console.status("offline estimates on held-out hidden states"):
-            report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
-                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-                                              traffic_shares=weights.shares if weights else None,
-                                              traffic_groups=weights.groups if weights else None)
     render_eval(report, time.perf_counter() - start)
     if weights is not None:
         render_traffic(report, weights.source)
@@ -92,6 +80,33 @@ def eval_command(
         write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **extra, **report.to_json()})
         console.print(f"report written to {json_out}")
     return 0
+
+
+def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, steps: int, max_new_tokens: int,
+            tie_margin: float, topk: int = 1, num_draft_tokens: int | None = None, sampling: Any = None,
+            weights: Any = None, offline: tuple[Path, Path, Any] | None = None) -> Any:
+    """Return the EvalReport of speculative decoding of `prompts` (a progress bar while it runs); with
+    `weights` (curator.traffic.weighting.eval_weights) its traffic-weighted figures; with `offline`
+    (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
+    the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
+    from training.evaluate import DraftProposer, evaluate, offline_estimate
+    from training.simulate import traffic_weighted
+
+    with progress() as bar:
+        task = bar.add_task("speculative decoding", total=len(prompts))
+        report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), prompts, steps=steps, topk=topk,
+                          max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
+                          on_prompt=lambda _: bar.advance(task))
+    if weights is not None:
+        report.traffic = traffic_weighted(report.categories, weights.shares, weights.groups)
+    if offline is not None:
+        data, model, split = offline
+        with console.status("offline estimates on held-out hidden states"):
+            report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
+                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
+                                              traffic_shares=weights.shares if weights else None,
+                                              traffic_groups=weights.groups if weights else None)
+    return report
 
 
 def render_eval(report: Any, wall_s: float) -> None:

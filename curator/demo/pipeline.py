@@ -529,27 +529,19 @@ class Demo:
                 str(self.s.eval_max_new_tokens), "--data", str(self.w / "states"), "--device", "cpu", "--json", str(out)]
 
         def fn() -> dict[str, Any]:
+            from curator.commands.evaluate import measure
             from curator.mix.prompts import mix_prompts
             from curator.traffic.weighting import eval_weights
-            from training.evaluate import DraftProposer, evaluate, held_out_split, load_target, offline_estimate
+            from training.evaluate import held_out_split, load_target
             from training.export import load_draft
-            from training.simulate import traffic_weighted
 
             chosen, _ = mix_prompts(prompts)
             weights = eval_weights(profile)
             target, tokenizer = load_target(self.w / "target", "cpu")
             drafter = load_draft(self.w / "export", self.w / "target")
-            with progress() as bar:
-                task = bar.add_task("speculative decoding", total=len(chosen))
-                result = evaluate(target, tokenizer, DraftProposer(drafter), chosen, steps=self.s.eval_steps,
-                                  max_new_tokens=self.s.eval_max_new_tokens, tie_margin=1e-4,
-                                  on_prompt=lambda _: bar.advance(task))
-            with console.status("offline estimate on held-out hidden states"):
-                result.offline = offline_estimate(drafter.float(), self.w / "states", self.w / "target",
-                                                  held_out_split(self.w / "export"), steps=self.s.eval_steps,
-                                                  max_new_tokens=self.s.eval_max_new_tokens,
-                                                  traffic_shares=weights.shares, traffic_groups=weights.groups)
-            result.traffic = traffic_weighted(result.categories, weights.shares, weights.groups)
+            result = measure(target, tokenizer, drafter, chosen, steps=self.s.eval_steps,
+                             max_new_tokens=self.s.eval_max_new_tokens, tie_margin=1e-4, weights=weights,
+                             offline=(self.w / "states", self.w / "target", held_out_split(self.w / "export")))
             data = {"model": str(self.w / "target"), "draft": str(self.w / "export"), "prompts": str(prompts),
                     "profile": str(profile), **result.to_json()}
             write_json(out, data)
