@@ -73,11 +73,9 @@ def scout(
     """Run research agents on the Hub, record their finds in the catalog and propose a recipe."""
     all_briefs = load_briefs(agents_dir)
     traffic = TrafficShares.load(profile) if profile is not None else None
-    chosen = take(all_briefs, agents)
     if agents is not None and agents > len(all_briefs):
         raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
-    if traffic is not None:
-        chosen = _take_for_traffic(all_briefs, agents, traffic)
+    chosen = take(all_briefs, agents) if traffic is None else _take_for_traffic(all_briefs, agents, traffic)
     # the model client first: a missing key should fail before anything touches the Hub or catalog
     retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
     client: LLMClient | None = (

@@ -39,11 +39,17 @@ class TrafficShares:
         return cls(Path(path).name, load_profile(path).shares())
 
     def served_by(self, category: str, briefs: list[Brief]) -> str | None:
-        """Return the traffic category that a brief category (a candidate's) serves."""
-        mapped = {traffic_category(b) for b in briefs if b.category == category} - {None}
-        if len(mapped) == 1:
-            return mapped.pop()
-        return category if category in CATEGORIES else None
+        """Return the traffic category that a brief category (a candidate's) serves (see `served_by`)."""
+        return served_by(category, briefs)
+
+
+def served_by(category: str, briefs: list[Brief]) -> str | None:
+    """Return the traffic category that a brief category serves: the one its briefs name, else the
+    category itself when it is a traffic category; None when it serves none (or its briefs disagree)."""
+    mapped = {traffic_category(b) for b in briefs if b.category == category} - {None}
+    if len(mapped) == 1:
+        return mapped.pop()
+    return category if category in CATEGORIES else None
 
 
 def take_for_traffic(briefs: list[Brief], limit: int | None, traffic: TrafficShares) -> tuple[list[Brief], dict[str, int], list[str]]:

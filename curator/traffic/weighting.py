@@ -15,7 +15,7 @@ from pathlib import Path
 
 from curator.errors import ConfigError
 from curator.scout.briefs import load_briefs
-from curator.scout.traffic import traffic_category
+from curator.scout.traffic import served_by
 from curator.traffic.schema import load_profile
 
 
@@ -29,12 +29,14 @@ class EvalWeights:
 
 
 def brief_groups(agents_dir: str | Path | None = None) -> dict[str, str]:
-    """Return {brief category: traffic category} for the briefs that serve one (none when there are no briefs)."""
+    """Return {brief category: traffic category} for the categories that serve another one, by the scouts'
+    rule (`curator.scout.traffic.served_by`; none when there are no briefs)."""
     try:
         briefs = load_briefs(agents_dir)
     except ConfigError:
         return {}
-    return {b.category: served for b in briefs if (served := traffic_category(b)) is not None and b.category != served}
+    return {c: served for c in dict.fromkeys(b.category for b in briefs)
+            if (served := served_by(c, briefs)) is not None and served != c}
 
 
 def eval_weights(profile: str | Path, agents_dir: str | Path | None = None) -> EvalWeights:
