@@ -239,10 +239,11 @@ def _check_values(layout: DraftLayout, dvocab: int, vocab: int) -> list[Check]:
         problem = vocab_map_problem(maps["d2t"], maps.get("t2d"), vocab)
         if problem:
             return [*checks, Check("d2t/t2d", "error", problem)]
-        t2d = maps.get("t2d")
-        target_ids = maps["d2t"].long() + torch.arange(dvocab)
-        if t2d is not None and (int(t2d.bool().sum()) != dvocab or not bool(t2d.bool()[target_ids].all())):
-            return [*checks, Check("d2t/t2d", "warn", "t2d does not mark exactly the ids d2t maps to (SGLang ignores t2d; vLLM uses it)")]
+        if "t2d" in maps:  # d2t is sound (vocab_map_problem): does t2d mark exactly its target ids?
+            marked = maps["t2d"].bool()
+            target_ids = maps["d2t"].long() + torch.arange(dvocab)
+            if int(marked.sum()) != dvocab or not bool(marked[target_ids].all()):
+                return [*checks, Check("d2t/t2d", "warn", "t2d does not mark exactly the ids d2t maps to (SGLang ignores t2d; vLLM uses it)")]
         checks.append(Check("d2t/t2d", "ok", f"{dvocab:,} draft ids -> distinct target ids of {vocab:,}"))
     return checks
 
