@@ -7,18 +7,19 @@ error, and nothing else is lost".
 
 `script(request)` gets each chat request body (dict) and returns a Reply; the client's one-token
 start-up check is answered normally. Every request's headers are kept (`seen_headers`), so a test
-can check what credentials arrived. Stdlib only.
+can check what credentials arrived. FakeOpenAIServer's connection loop and lifecycle; stdlib only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from fakes.openai_server import FakeOpenAIServer
 
 
 @dataclass
@@ -41,62 +42,19 @@ def chat_answer(content: str, model: str = "target") -> bytes:
     }).encode("ascii")
 
 
-class HostileServer:
-    """Serves `script`'s replies on a background thread's event loop."""
+class HostileServer(FakeOpenAIServer):
+    """Serves `script`'s replies (FakeOpenAIServer's loop and lifecycle, its own answers)."""
 
     def __init__(self, script: Callable[[dict[str, Any]], Reply], *, model: str = "target") -> None:
+        super().__init__(model=model, record=False)
         self.script = script
-        self.model = model
         self.seen_headers: list[dict[str, str]] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._server: asyncio.base_events.Server | None = None
-        self.port = 0
 
-    @property
-    def url(self) -> str:
-        """Return the base URL."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> HostileServer:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()  # connections still dripping or streaming
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
-                self.seen_headers.append(headers)
-                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                await self._answer(writer, self._reply(method, path, body))
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
+    async def _respond(self, writer: asyncio.StreamWriter, method: str, path: str, headers: dict[str, str],
+                       body: bytes) -> bool:
+        self.seen_headers.append(headers)
+        await self._answer(writer, self._reply(method, path, body))
+        return True
 
     def _reply(self, method: str, path: str, body: bytes) -> Reply:
         if method == "GET" and path.startswith("/v1/models"):

@@ -198,22 +198,27 @@ class FakeOpenAIServer:
                         k, v = line.split(":", 1)
                         headers[k.strip().lower()] = v.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                status, payload, extra = await self._route(method, path.split("?", 1)[0], body)
-                if status is None:  # scripted drop: close without a word
-                    return
-                data = json.dumps(payload).encode()
-                head_out = [f"HTTP/1.1 {status} {REASONS.get(status, 'OK')}", "Content-Type: application/json",
-                            f"Content-Length: {len(data)}"]
-                head_out += [f"{k}: {v}" for k, v in extra.items()]
-                writer.write(("\r\n".join(head_out) + "\r\n\r\n").encode() + data)
-                await writer.drain()
-                if headers.get("connection", "").lower() == "close":
+                if not await self._respond(writer, method, path, headers, body):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return
         finally:
             self._connections.discard(task)
             writer.close()
+
+    async def _respond(self, writer: asyncio.StreamWriter, method: str, path: str, headers: dict[str, str],
+                       body: bytes) -> bool:
+        """Answer one request (`headers` with lower-case names); return whether to keep the connection."""
+        status, payload, extra = await self._route(method, path.split("?", 1)[0], body)
+        if status is None:  # scripted drop: close without a word
+            return False
+        data = json.dumps(payload).encode()
+        head_out = [f"HTTP/1.1 {status} {REASONS.get(status, 'OK')}", "Content-Type: application/json",
+                    f"Content-Length: {len(data)}"]
+        head_out += [f"{k}: {v}" for k, v in extra.items()]
+        writer.write(("\r\n".join(head_out) + "\r\n\r\n").encode() + data)
+        await writer.drain()
+        return headers.get("connection", "").lower() != "close"
 
     async def _route(self, method: str, path: str, body: bytes) -> tuple[int | None, Any, dict[str, str]]:
         with self._lock:
