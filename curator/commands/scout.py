@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import signal
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -15,8 +14,9 @@ from rich.markup import escape
 
 from curator.catalog import Catalog
 from curator import http
+from curator.aio import cancel_on_sigterm
 from curator.errors import ConfigError, CuratorError, HubError, LLMError
-from curator.hub import PROBE_TIMEOUT_S, HubClient, LiveHub, build_snapshot, open_hub
+from curator.hub import HubClient, LiveHub, build_snapshot, open_hub
 from curator.llm import DEFAULT_RETRY, DEFAULT_TIMEOUT_S, LLMClient, make_client
 from curator.scout.agent import AgentBudget
 from curator.scout.briefs import Brief, categories, load_briefs, take
@@ -85,7 +85,7 @@ def scout(
     if isinstance(hub_client, LiveHub):  # seconds to say so, not minutes of huggingface_hub's retries
         hub_client.require_reachable()
     if client is not None:  # likewise, not a minute of retries in every agent
-        why = http.unreachable(client.endpoint, PROBE_TIMEOUT_S)
+        why = http.unreachable(client.endpoint)
         if why is not None:
             raise LLMError(f"cannot reach the agents' model server at {http.public_url(client.endpoint)} ({why}); "
                            "check --base-url (or ANTHROPIC_BASE_URL) and the network, or use --planner rules")
@@ -114,18 +114,13 @@ def scout(
 async def _run(run: ScoutRun, hub: HubClient, client: LLMClient | None) -> None:
     # SIGTERM (a scheduler, `kill`) ends the run as Ctrl-C does: agents cancelled, rows written,
     # the run recorded as cancelled instead of left `running`.
-    main = asyncio.current_task()
-    assert main is not None
-    try:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-    except (ValueError, RuntimeError):
-        pass  # not the main thread (a caller running the CLI in a thread): its own signals apply
-    try:
-        await run.run()
-    finally:
-        await hub.aclose()
-        if client is not None:
-            await client.aclose()
+    with cancel_on_sigterm():  # off the main thread (the CLI run in a thread) the caller's own signals apply
+        try:
+            await run.run()
+        finally:
+            await hub.aclose()
+            if client is not None:
+                await client.aclose()
 
 
 def _recorded(run: ScoutRun) -> int:
