@@ -281,7 +281,9 @@ def endpoint_root(url: str) -> tuple[str, httpx.BasicAuth | None]:
 
 
 # scheme://user:password@ (or scheme://token@): the part of a URL that must never be recorded
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#]*@")
+# userinfo may not hold an unescaped ? or #, but a malformed URL's password must not leak through one:
+# over-stripping an odd query (scheme://host?x=a@b) is the safer error for a redaction
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@]*@")
 
 
 def public_url(url: str) -> str:

@@ -155,3 +155,10 @@ def test_url_credentials_are_split_off_and_sent_as_basic_auth() -> None:
         httpx.Request("GET", public)).__next__().headers["authorization"]
     assert http.redact("p@ss leaked") == "[REDACTED] leaked"
     assert http.split_credentials("http://h:1") == ("http://h:1", None)
+
+
+def test_a_password_with_a_question_mark_or_hash_is_removed_whole() -> None:
+    from curator.http import public_url
+
+    for url in ("https://u:p?x@host.com/v1", "https://u:p#x@host.com/v1"):
+        assert public_url(url) == "https://host.com/v1"
