@@ -396,7 +396,7 @@ def run_point(run_dir: str | Path) -> tuple[dict[str, int], dict[str, float], in
     """Return (training samples per category, acceptance per category, chain length K) of a finished
     `curator train` run: a `curator eval --json` report saved as RUN/eval.json (measured) when
     present, else the simulated per-category acceptance of the run's final evaluation."""
-    from training.batches import split_eval
+    from training.batches import training_ids
     from training.store import read_index
 
     run = Path(run_dir)
@@ -408,12 +408,10 @@ def run_point(run_dir: str | Path) -> tuple[dict[str, int], dict[str, float], in
         raise ConfigError(f"{run}: not a finished training run ({exc})") from None
     cfg = meta.get("train_config", {})
     store = Path(meta["store"]["path"]) if "store" in meta else Path(cfg.get("data", ""))
-    entries, _ = read_index(store)
-    ids = sorted(entries)
-    if not cfg.get("eval_data"):
-        ids, _ = split_eval(ids, cfg.get("eval_fraction", 0.05), cfg.get("eval_max_samples"))
-    if cfg.get("max_train_samples") is not None:
-        ids = ids[: cfg["max_train_samples"]]
+    entries, _ = read_index(store)  # in index order, as the trainer reads the store's ids
+    ids, _ = training_ids(list(entries), separate_eval=bool(cfg.get("eval_data")),
+                          eval_fraction=cfg.get("eval_fraction", 0.05), eval_max_samples=cfg.get("eval_max_samples"),
+                          max_train_samples=cfg.get("max_train_samples"))
     counts = _counts(entries, ids)
     if (run / "eval.json").exists():
         report = json.loads((run / "eval.json").read_text(encoding="utf-8"))

@@ -176,3 +176,17 @@ def test_forecast_trains_nested_drafts_from_a_store_then_reads_the_same_runs_bac
     again = json.loads(out_json.read_text())["categories"][0]
     assert sorted((p["samples"], p["acceptance"]) for p in again["points"]) == sorted(
         (p["samples"], p["acceptance"]) for p in cat["points"])
+
+
+def test_a_run_is_credited_with_the_ids_the_trainer_took_in_the_store_s_order() -> None:
+    # capture order is not sorted order: max_train_samples cuts the store's own order, as the trainer does
+    from training.batches import split_eval, training_ids
+
+    store_ids = [f"s{i:03d}" for i in range(200)][::-1]
+    train, held = training_ids(store_ids, separate_eval=False, eval_fraction=0.1, eval_max_samples=None,
+                               max_train_samples=50)
+    kept, split = split_eval(store_ids, 0.1)
+    assert train == kept[:50] and held == split and train != sorted(kept)[:50]
+    train, held = training_ids(store_ids, separate_eval=True, eval_fraction=0.1, eval_max_samples=None,
+                               max_train_samples=None)
+    assert train == sorted(store_ids) and held == []

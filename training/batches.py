@@ -123,6 +123,21 @@ def split_eval(ids: Sequence[str], fraction: float, max_eval: int | None = None)
     return train, held[:max_eval] if max_eval is not None else held
 
 
+def training_ids(
+    store_ids: Sequence[str], *, separate_eval: bool, eval_fraction: float, eval_max_samples: int | None,
+    max_train_samples: int | None,
+) -> tuple[list[str], list[str]]:
+    """Return (the ids a run trains on, the ids split off for eval; empty with a separate eval store),
+    from a store's ids in index order: the one rule the trainer and the forecast's `--run` read share."""
+    if separate_eval:  # held-out prompts captured into their own store: every sample trains
+        train, held = sorted(store_ids), []
+    else:
+        train, held = split_eval(store_ids, eval_fraction, eval_max_samples)
+    if max_train_samples is not None:
+        train = train[:max_train_samples]
+    return train, held
+
+
 def epoch_batches(
     ids: Sequence[str], lengths: dict[str, int], global_batch: int, bucket_batches: int, seed: int, epoch: int
 ) -> list[list[str]]:

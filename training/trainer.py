@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from training import kernels
 from training.atomic import write_text
-from training.batches import Prefetcher, States, epoch_batches, split_eval
+from training.batches import Prefetcher, States, epoch_batches, training_ids
 from training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -239,16 +239,12 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
     _check_inputs(store.meta, target_cfg, head, store)
     run_dir, ckpt = _prepare_run_dir(cfg, resume, dist_info)
     eval_store = store
+    train_ids, eval_ids = training_ids(store.ids(), separate_eval=bool(cfg.eval_data), eval_fraction=cfg.eval_fraction,
+                                       eval_max_samples=cfg.eval_max_samples, max_train_samples=cfg.max_train_samples)
     if cfg.eval_data:
-        # Held-out prompts captured into their own store: every sample of --data trains.
         eval_store = HiddenStateStore.open(cfg.eval_data, dequantize=False)
         _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
-        train_ids = sorted(store.ids())
         eval_ids = sorted(eval_store.ids())[: cfg.eval_max_samples]
-    else:
-        train_ids, eval_ids = split_eval(store.ids(), cfg.eval_fraction, cfg.eval_max_samples)
-    if cfg.max_train_samples is not None:
-        train_ids = train_ids[: cfg.max_train_samples]
     if len(train_ids) < cfg.global_batch_size:
         raise TrainingError(
             f"{len(train_ids)} training samples are fewer than global_batch_size {cfg.global_batch_size}"
