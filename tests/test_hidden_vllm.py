@@ -206,3 +206,32 @@ def test_a_path_the_engine_names_outside_its_shared_folder_is_never_read_or_remo
     assert note.read_text() == "keep me" and states.exists()  # nothing outside the folder removed
     assert code == 1 and ("nothing was read or removed" in err or "not read or removed" in err)
     assert "unexpected" not in err
+
+
+def test_the_stand_in_server_never_joins_a_writer_it_has_not_started(
+        tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A writer listed before it was started made __exit__ join it first under load ("cannot join
+    # thread before it is started"); a slow start makes that order happen every time.
+    import threading
+    import time
+
+    written: list[bool] = []
+
+    def write() -> None:
+        written.append(True)
+
+    real_start = threading.Thread.start
+
+    def slow_start(self: threading.Thread) -> None:
+        if getattr(self, "_target", None) is write:
+            time.sleep(0.3)
+        real_start(self)
+
+    server = FakeVllmServer(tiny_target, tmp_path / "shared", ENGINE_LAYERS).__enter__()
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    starter = threading.Thread(target=server.start_writer, args=(write,))
+    real_start(starter)
+    time.sleep(0.05)  # the writer is being started
+    server.__exit__(None, None, None)
+    starter.join()
+    assert written == [True]

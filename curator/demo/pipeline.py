@@ -60,8 +60,8 @@ OUTPUTS = {
 }
 # The demo's models are a few hundred thousand parameters: each op is too small to share out, and
 # a second thread only waits for a core (on a busy 2-core machine one target step took 3.0-3.8 s
-# on 2 threads, 0.5-1.4 s on 1). One thread also makes every float sum, and so the figures, the
-# same on any machine.
+# on 2 threads, 0.5-1.4 s on 1). One thread also fixes the order of every float sum, so a run
+# repeats its figures to the digit under the same packages (constraints.txt) and CPU kernels.
 DEMO_THREADS = 1
 # A regenerated answer whose most common token is at least this share of it is one token repeated.
 REPEATED_TOKEN_SHARE = 0.5
@@ -203,7 +203,7 @@ class Demo:
         self._load_state()
         quiet_library_progress()
         console.print(f"[dim]torch uses {DEMO_THREADS} thread: the demo's models are too small to gain from more, "
-                      "and one thread gives the same figures on any machine[/]", highlight=False)
+                      "and one thread makes its figures repeat run after run[/]", highlight=False)
         self.scout()
         self.approve()
         self.profile()
