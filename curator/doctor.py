@@ -5,7 +5,7 @@ The costly failure this exists for: SGLang started with `--speculative-algorithm
 of `EAGLE3` captures no aux layers and hands the draft the target's H-wide final states; the
 draft applies `fc` only when the incoming width differs from its embedding width, so `fc` is
 silently skipped, nothing crashes, and acceptance collapses to ~1. What a layout is comes from
-training/layouts/ and what an engine reads from curator/engines/: nothing here re-derives either.
+training/eagle3/layouts/ and what an engine reads from curator/engines/: nothing here re-derives either.
 Nothing is loaded onto a device; the weights are read once, one tensor at a time.
 """
 
@@ -22,8 +22,8 @@ from curator.engines.launch import Check, LaunchSpec, int_or_none
 from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
 from training.errors import ModelMismatchError
-from training.layouts import LAYOUTS, Layout, layout_of
-from training.target_config import read_target_config
+from training.eagle3.layouts import LAYOUTS, Layout, layout_of
+from training.target.config import read_target_config
 
 __all__ = ["Check", "DoctorReport", "DraftLayout", "LaunchSpec", "check_launch", "diagnose", "parse_launch", "read_draft",
            "suggested_launch"]
@@ -216,7 +216,7 @@ def _check_values(layout: DraftLayout, dvocab: int, vocab: int) -> list[Check]:
     """Return checks of the weights' values: all finite, d2t [draft_vocab] mapping into the target's vocabulary."""
     import torch  # here, not at the top: a usage error of `curator doctor` loads no torch
 
-    from training.draft_weights import nonfinite_tensors, vocab_map_problem
+    from training.eagle3.weights import nonfinite_tensors, vocab_map_problem
 
     bad: list[str] = []
     maps: dict[str, torch.Tensor] = {}
@@ -375,7 +375,7 @@ def diagnose(draft: str | Path, target: str | Path | None = None, store: str | P
         checks.extend(check_target(layout, target_config))
     if store is not None:
         from training.errors import StoreError
-        from training.store import HiddenStateStore
+        from training.storage.store import HiddenStateStore
 
         try:
             meta = HiddenStateStore.open(store).meta

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from training.gen_record import RECORD_FORMAT, record_problem
+from training.records.gen_record import RECORD_FORMAT, record_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
 from curator.mix.schema import MANIFEST, open_mix
-from training.store import HiddenStateStore
+from training.storage.store import HiddenStateStore
 
 
 @pytest.mark.slow
@@ -115,7 +115,7 @@ def test_the_target_stage_shows_progress_and_runs_torch_on_one_thread(
     from rich.console import Console
 
     import curator.ui as ui
-    import training.toy_target as toy_target
+    import training.target.toy as toy_target
 
     screen = io.StringIO()
     monkeypatch.setattr(ui, "console", Console(file=screen, force_terminal=True, width=100))

@@ -40,7 +40,7 @@ def _import_without_data_side(modules: list[str]) -> subprocess.CompletedProcess
 def test_gpu_stages_import_without_the_data_side_libraries() -> None:
     done = _import_without_data_side([
         "curator.mix.schema", "curator.mix.prompts", "curator.generate", "curator.capture",
-        "bench.reference.run", "training.trainer", "training.export", "training.simulate",
+        "bench.reference.run", "training.train.trainer", "training.export.export", "training.eval.simulate",
     ])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 

@@ -13,9 +13,9 @@ from curator.cli import main
 from curator.hidden_vllm import VllmOptions, extract_vllm, load_final_norm
 from tests.fakes.vllm_server import FakeVllmServer
 from tests.test_hidden_states import conversation, write_gen
-from training.chat_tokens import iter_generation
-from training.hidden_states import extract, load_target, store_meta
-from training.store import HiddenStateStore
+from training.records.chat_tokens import iter_generation
+from training.capture.hidden_states import extract, load_target, store_meta
+from training.storage.store import HiddenStateStore
 
 ENGINE_LAYERS = [1, 2, 3, 4]  # tiny target: default aux [1, 2, 3] + N=4 for the final state
 

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from bench.reference_multidomain.domains import CATEGORY, DOMAINS
-from training.atomic import write_text
+from training.io.atomic import write_text
 
 POOL_SOURCES = {cat: [d for d in DOMAINS if CATEGORY[d] == cat] for cat in dict.fromkeys(CATEGORY.values())}
 

@@ -42,7 +42,7 @@ from curator.demo.corpus import (
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import ConfigError, CuratorError
 from curator.ui import console, progress, quiet_library_progress, summary_table
-from training.atomic import write_json
+from training.io.atomic import write_json
 
 STATE_FILE = "demo-state.json"
 # What each stage writes in the workdir (glob patterns): removed before the stage (re)runs, and by --fresh.
@@ -331,7 +331,7 @@ class Demo:
 
     def make_target(self) -> None:
         def fn() -> dict[str, Any]:
-            from training.toy_target import build_target, chat_token_batches, save_target, train_causal_lm
+            from training.target.toy import build_target, chat_token_batches, save_target, train_causal_lm
 
             model, tokenizer = build_target(
                 demo_texts(self.s.seed), self.w / "target", vocab_size=self.s.target_vocab, seed=self.s.seed,
@@ -389,7 +389,7 @@ class Demo:
         """Warn when most regenerated answers are one token repeated; return "n of N"."""
         from transformers import AutoTokenizer
 
-        from training.chat_tokens import iter_generation
+        from training.records.chat_tokens import iter_generation
 
         tokenizer = AutoTokenizer.from_pretrained(self.w / "target")
         answers = [m.get("content") or "" for rec in iter_generation(gen_dir) for m in rec["messages"]
@@ -407,7 +407,7 @@ class Demo:
         The target writes a call between its own `<tool_call>` tokens and generate parses it into
         structured `tool_calls`; a count of 0 means the agentic acceptance measures plain text.
         """
-        from training.chat_tokens import iter_generation
+        from training.records.chat_tokens import iter_generation
 
         answers = [m for rec in iter_generation(gen_dir) if rec.get("tools") for m in rec["messages"]
                    if m.get("role") == "assistant" and m.get("train")]
@@ -421,8 +421,8 @@ class Demo:
         argv = ["plan", "--model", str(self.w / "target"), "--data", str(self.w / "gen"), "--out", str(self.w)]
 
         def fn() -> dict[str, Any]:
-            from training.chat_tokens import iter_generation
-            from training.plan import data_lengths, load_shape, make_plan
+            from training.records.chat_tokens import iter_generation
+            from training.capture.plan import data_lengths, load_shape, make_plan
             from transformers import AutoTokenizer
 
             lengths, how, _ = data_lengths(iter_generation(self.w / "gen"),
@@ -440,7 +440,7 @@ class Demo:
 
         def fn() -> dict[str, Any]:
             from curator.capture import CaptureSettings, capture_hidden_states
-            from training.store import HiddenStateStore
+            from training.storage.store import HiddenStateStore
 
             capture_hidden_states(CaptureSettings(model=str(self.w / "target"), data=self.w / "gen",
                                                   out=self.w / "states"))
@@ -462,8 +462,8 @@ class Demo:
 
         def fn() -> dict[str, Any]:
             from curator.commands.train import accept_length_rows, training_progress
-            from training.train_config import load_run_config
-            from training.trainer import train
+            from training.train.config import load_run_config
+            from training.train.trainer import train
 
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             cfg = load_run_config(config_path)
@@ -486,7 +486,7 @@ class Demo:
         argv = ["export", "--checkpoint", str(self.w / "run"), "--format", "sglang", "--out", str(self.w / "export")]
 
         def fn() -> dict[str, Any]:
-            from training.export import export_checkpoint
+            from training.export.export import export_checkpoint
 
             path = export_checkpoint(self.w / "run", self.w / "export", fmt="sglang")
             return {"files": ", ".join(sorted(p.name for p in path.iterdir()))}
@@ -532,8 +532,8 @@ class Demo:
             from curator.commands.evaluate import measure
             from curator.mix.prompts import mix_prompts
             from curator.traffic.weighting import eval_weights
-            from training.evaluate import held_out_split, load_target
-            from training.export import load_draft
+            from training.eval.decode import held_out_split, load_target
+            from training.export.export import load_draft
 
             chosen, _ = mix_prompts(prompts)
             weights = eval_weights(profile)

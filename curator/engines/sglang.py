@@ -9,7 +9,7 @@
 - bench-serve's acceptance (managers/tokenizer_manager.py): `meta_info.spec_verify_ct` (target verify
   forwards of that request) beside `completion_tokens` on every `/generate` answer of a speculating
   server; completion_tokens / spec_verify_ct is SGLang's own spec_accept_length;
-- hidden-state capture: the target class's layer rule (training/sglang_rules.py).
+- hidden-state capture: the target class's layer rule (training/target/sglang_rules.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from curator.engines import ENGINES
 from curator.engines.answer import AnswerError
 from curator.generate.client import Completion, RequestError, SamplingParams, split_reasoning
-from training.chat_tokens import MalformedRecordError, render, template_messages
+from training.records.chat_tokens import MalformedRecordError, render, template_messages
 
 Engine = Literal["sglang", "vllm"]
 

@@ -42,8 +42,8 @@ from curator.mix.sample import row_key, walk
 from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, classify_prompt, importance_keys, survey
 from curator.traffic.schema import CATEGORIES, Profile, load_profile
-from training.diskspace import named_disk_full
-from training.text import is_valid_unicode
+from training.io.diskspace import named_disk_full
+from training.io.text import is_valid_unicode
 
 _MAX_REASONS = 20
 _EXCLUDED_KEY = 1 << 65  # past every 64-bit sampling key: held-out rows are walked last, and skipped

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from curator.errors import ConfigError
 from curator.mix.schema import LEGACY_MANIFEST, MANIFEST_DIR, is_mix
-from training.atomic import TMP_MARK, fsync_path
-from training.outlock import OutputBusyError, OutputLock
+from training.io.atomic import TMP_MARK, fsync_path
+from training.io.outlock import OutputBusyError, OutputLock
 
 HELDOUT_DIR = ".heldout"
 OLD_LOCK_FILE = ".build-mix.lock"  # the lock's place inside the folder before builds swapped folders

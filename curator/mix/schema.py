@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError
-from training.atomic import TMP_MARK, fsync_path, write_text
-from training.diskspace import named_disk_full
-from training.gen_record import tool_call_problem
+from training.io.atomic import TMP_MARK, fsync_path, write_text
+from training.io.diskspace import named_disk_full
+from training.records.gen_record import tool_call_problem
 
 # The manifest sits in a hidden folder so that the obvious read-backs of a mix folder see only
 # parquet: `datasets.load_dataset("parquet", data_dir=MIX)` skips hidden paths, and DuckDB's

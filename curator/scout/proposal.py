@@ -25,7 +25,7 @@ import yaml
 from curator.catalog import Catalog
 from curator.errors import ConfigError
 from curator.mix.match import largest_remainder
-from training.atomic import write_text
+from training.io.atomic import write_text
 from curator.scout.briefs import Brief
 from curator.scout.traffic import TrafficShares, allocate_by_traffic, traffic_weights
 

@@ -35,7 +35,7 @@ from curator.traffic.language import is_english
 from curator.traffic.read import TrafficRow, iter_traffic
 from curator.traffic.schema import CATEGORIES, Profile
 from curator.traffic.scrub import scrub
-from training.atomic import write_text
+from training.io.atomic import write_text
 
 EXAMPLES_PER_CATEGORY = 3
 EXAMPLE_CHARS = 240

@@ -2,7 +2,7 @@
 
 The eval reports acceptance per category of its prompts (or of the hidden-state store's samples,
 for the simulated figure); the traffic-weighted total weights the traffic categories by the
-profile's shares (training.simulate.traffic_weighted does the arithmetic, on plain dicts, since
+profile's shares (training.eval.simulate.traffic_weighted does the arithmetic, on plain dicts, since
 training/ never imports curator). A prompt category counts for the traffic category of the same
 name (agentic, code, reasoning, chat), or for the one its scout brief serves (a mix proposed by
 `curator scout` names brief categories: coding and debugging count for code, writing for chat).
