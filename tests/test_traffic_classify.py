@@ -12,7 +12,7 @@ import pytest
 
 from curator.errors import ConfigError
 from curator.mix.readers import BrokenRow
-from curator.mix.schema import write_tables
+from curator.mix.publish import write_tables
 from curator.traffic.classify import Decision, classify
 from curator.traffic.read import TrafficRow, iter_traffic, parse_request
 from curator.traffic.schema import CATEGORIES

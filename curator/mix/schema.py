@@ -334,25 +334,6 @@ def conform(table: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(table.to_pylist(), schema=SCHEMA)
 
 
-def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> dict[str, Any]:
-    """Return the manifest of a mix written from ready tables (one part each), published whole.
-
-    For mixes made outside build-mix (benchmarks, test fixtures); the tables should follow SCHEMA.
-    """
-    from curator.mix import publish  # the publishing rules are the build's; a reader needs none of them
-
-    out = publish.real_out(out_dir)
-    with publish.staged(out) as stage:
-        writer = MixWriter(stage, named=out)
-        for table in tables:
-            writer.write_table(conform(table))
-        parts = writer.finish()
-        manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
-                    "columns": list(COLUMNS), "parts": parts}
-        writer.publish(manifest)
-    return manifest
-
-
 # ---- reading ---------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from curator.errors import ConfigError
+from curator.scout.allocation import DEFAULT_WEIGHT, allocate
 from curator.scout.briefs import Brief
 from curator.traffic.schema import CATEGORIES, load_profile
 
@@ -55,8 +56,6 @@ def served_by(category: str, briefs: list[Brief]) -> str | None:
 def take_for_traffic(briefs: list[Brief], limit: int | None, traffic: TrafficShares) -> tuple[list[Brief], dict[str, int], list[str]]:
     """Return (the briefs to run, agents per traffic category, notes): `limit` agents (all briefs when None)
     shared by the traffic's shares, each category capped at the briefs that serve it, heaviest briefs first."""
-    from curator.scout.proposal import allocate
-
     limit = len(briefs) if limit is None else limit
     if limit < 1:
         raise ConfigError(f"--agents must be at least 1, got {limit}")
@@ -81,8 +80,6 @@ def take_for_traffic(briefs: list[Brief], limit: int | None, traffic: TrafficSha
 def traffic_weights(categories: list[str], briefs: list[Brief], traffic: TrafficShares) -> tuple[dict[str, float], dict[str, str], list[str]]:
     """Return (weight, reason) per candidate category and notes: each traffic category's share split
     among the candidate categories serving it by brief weight; 0 for categories the traffic lacks."""
-    from curator.scout.proposal import DEFAULT_WEIGHT  # the proposal imports this module
-
     brief_weight = {b.category: b.weight for b in briefs}
     by_traffic: dict[str, list[str]] = defaultdict(list)
     weights: dict[str, float] = {}
@@ -117,8 +114,6 @@ def allocate_by_traffic(total: int, categories: list[str], weights: dict[str, fl
     """Return samples per candidate category (aligned with `categories`): `total` shared among the traffic
     categories by their weights first, then within each among its candidate categories, so that a
     category short of rows gives its remainder to the others serving the same traffic category."""
-    from curator.scout.proposal import allocate
-
     groups: dict[str, list[int]] = defaultdict(list)
     for i, c in enumerate(categories):
         if weights.get(c, 0) > 0:

@@ -343,7 +343,8 @@ def write_mix(mix_dir: Any, rows: Sequence[dict[str, Any]], files: int = 1) -> A
 
     import pyarrow as pa
 
-    from curator.mix.schema import SCHEMA, write_tables
+    from curator.mix.publish import write_tables
+    from curator.mix.schema import SCHEMA
 
     full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, **r} for r in rows]
     out = Path(mix_dir)
