@@ -12,7 +12,7 @@ from bench.lock import under_lock
 from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
-from curator.mix.schema import MANIFEST, open_mix
+from curator.rows.schema import MANIFEST, open_mix
 from training.storage.store import HiddenStateStore
 
 

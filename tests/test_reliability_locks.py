@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from curator.cli import main
-from curator.mix.schema import MANIFEST
+from curator.rows.schema import MANIFEST
 from fakes.openai_server import FakeOpenAIServer, write_mix
 
 ROOT = Path(__file__).resolve().parent.parent

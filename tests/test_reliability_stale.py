@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from curator.cli import main
-from curator.mix.schema import MANIFEST
+from curator.rows.schema import MANIFEST
 from test_reliability_publish import KILL_AFTER_RENAMES  # the same kill point: after the k-th part rename
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from curator.engines.sglang import token_request as sglang_request
 from curator.engines.vllm import token_request as vllm_request
 from curator.generate.token_ids import parse_answer
 from curator.mix.publish import write_tables
-from curator.mix.schema import SCHEMA
+from curator.rows.schema import SCHEMA
 from fakes.token_servers import FakeSGLangServer, FakeVLLMServer
 from test_chat_templates import TOOLS, tokenizer
 from training.records.chat_tokens import render, template_messages, tokenize_rows

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curator.generate.client import Completion
-from curator.mix.schema import MixRow, answer_points
+from curator.rows.schema import MixRow, answer_points
 from training.records.gen_record import RECORD_FORMAT, generation
 
 # (history so far, endpoint of the previous turn, tools offered) -> the target's answer

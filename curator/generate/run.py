@@ -42,7 +42,7 @@ from curator.generate.shards import (
     shard_paths,
     write_json_atomic,
 )
-from curator.mix.schema import BadRow, Mix, MixRow, open_mix
+from curator.rows.schema import BadRow, Mix, MixRow, open_mix
 
 Backend = OpenAIBackend | TransformersBackend
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from curator.errors import ConfigError
-from curator.mix.formats import Conversation
+from curator.rows.formats import Conversation
 
 EMPTY = "empty_prompt"
 TOO_LONG_CHARS = "too_long_chars"

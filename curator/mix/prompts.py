@@ -8,7 +8,7 @@ from typing import Any
 
 def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
     """Return the prompts of a finished mix (each row's first context to answer) and the count of malformed rows."""
-    from curator.mix.schema import BadRow, first_context, open_mix
+    from curator.rows.schema import BadRow, first_context, open_mix
     from training.eval.decode import EvalPrompt
 
     prompts, malformed = [], 0

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from curator.errors import ConfigError
-from curator.mix.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST_DIR, MANIFEST_VERSION, MixWriter, conform, is_mix
+from curator.rows.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST_DIR, MANIFEST_VERSION, MixWriter, conform, is_mix
 from training.io.atomic import TMP_MARK, fsync_path
 from training.io.outlock import OutputBusyError, OutputLock
 

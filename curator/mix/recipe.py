@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from curator.errors import ConfigError
-from curator.mix.formats import ALIASES, NORMALISERS
+from curator.rows.formats import ALIASES, NORMALISERS
 from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 # Built from the normalisers themselves, so that every format docs/generation.md documents is one

@@ -26,7 +26,7 @@ import numpy as np
 
 from curator.errors import ConfigError
 from curator.llm import LLMClient
-from curator.mix.readers import BrokenRow
+from curator.rows.readers import BrokenRow
 from curator.traffic.ask_llm import ask_categories
 from curator.traffic.classify import classify, user_text
 from curator.traffic.features import BUCKETS, FEATURE_METHOD, feature_rows
