@@ -338,7 +338,7 @@ def test_transformers_sampling_uses_the_models_settings_not_transformers_top_k_5
     from types import SimpleNamespace
 
     from curator.generate.local import sampling_kwargs
-    from curator.generate.client import SamplingParams
+    from curator.engines.sampling import SamplingParams
 
     bare = SimpleNamespace(top_k=None, top_p=None)  # a generation_config.json without sampling settings
     assert sampling_kwargs(SamplingParams(0.7, None, 16, {}), bare) == {

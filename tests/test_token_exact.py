@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from curator.generate import GenerateConfig, generate
-from curator.generate.client import SamplingParams
+from curator.engines.sampling import SamplingParams
 from curator.engines.sglang import token_request as sglang_request
 from curator.engines.vllm import token_request as vllm_request
 from curator.generate.token_ids import parse_answer

@@ -37,7 +37,7 @@ def eval_command(
     """Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled)."""
     import torch
 
-    from curator.traffic.weighting import eval_weights
+    from curator.evaluation.weighting import eval_weights
     from training.eval.decode import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
     from training.export.export import load_draft
 
@@ -86,7 +86,7 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
             tie_margin: float, topk: int = 1, num_draft_tokens: int | None = None, sampling: Any = None,
             weights: Any = None, offline: tuple[Path, Path, Any] | None = None) -> Any:
     """Return the EvalReport of speculative decoding of `prompts` (a progress bar while it runs); with
-    `weights` (curator.traffic.weighting.eval_weights) its traffic-weighted figures; with `offline`
+    `weights` (curator.evaluation.weighting.eval_weights) its traffic-weighted figures; with `offline`
     (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
     the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
     from training.eval.decode import DraftProposer, evaluate, offline_estimate

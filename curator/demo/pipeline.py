@@ -531,7 +531,7 @@ class Demo:
         def fn() -> dict[str, Any]:
             from curator.commands.evaluate import measure
             from curator.mix.prompts import mix_prompts
-            from curator.traffic.weighting import eval_weights
+            from curator.evaluation.weighting import eval_weights
             from training.eval.decode import held_out_split, load_target
             from training.export.export import load_draft
 

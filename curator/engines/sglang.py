@@ -23,7 +23,7 @@ from curator.engines.launch import Check, LaunchSpec, int_opt, kept_args, option
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
-    from curator.generate.client import SamplingParams
+    from curator.engines.sampling import SamplingParams
 
 NAME = "sglang"
 GENERATE_PATH = "/generate"

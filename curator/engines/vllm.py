@@ -38,7 +38,7 @@ from curator.engines.prometheus import is_counter, parse_prometheus
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
-    from curator.generate.client import SamplingParams
+    from curator.engines.sampling import SamplingParams
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from curator import aio, http
 from curator.errors import ConfigError
-from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
+from curator.engines.sampling import SamplingParams
+from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy
 from curator.generate.conversation import output_record, regenerate
 from curator.generate.local import TransformersBackend
 from curator.generate.token_ids import PromptRenderer, TokenMode

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from curator.errors import ConfigError
-from curator.traffic.schema import unwrap_request
 
 
 class Turn(tuple):
@@ -621,3 +620,21 @@ def to_prompt(conv: Conversation, turns: str, keep_responses: bool) -> Conversat
 def as_messages(conv: Conversation) -> list[dict[str, Any]]:
     """Return the turns as message dicts ({role, content} plus tool_calls / tool_call_id / name where present)."""
     return [t.as_dict() if isinstance(t, Turn) else {"role": t[0], "content": t[1]} for t in conv]
+
+
+def unwrap_request(record: dict) -> dict:
+    """Return the request inside a request-log record.
+
+    Servers log the request itself (`{"messages": [...], "tools": [...], ...}`); request-log
+    middlewares and gateways wrap it (`{"body": {...}, "headers": ..., "ts": ...}`), sometimes
+    with the body as a JSON string. A record that is neither is returned as it is.
+    """
+    body = record.get("body")
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except (json.JSONDecodeError, RecursionError):
+            return record
+    if isinstance(body, dict) and "messages" in body and "messages" not in record:
+        return body
+    return record

@@ -11,13 +11,26 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError, HubError
-from curator.mix.recipe import _Location as SourceSpec  # a source or a decontamination set
+
+
+class Location(Protocol):
+    """Where a source's rows are: what a recipe's source or decontamination entry gives a reader
+    (curator/mix/recipe.py validates them; this layer only reads)."""
+
+    dataset: str | None
+    path: str | None
+    config: str | None
+    split: str
+    data_files: str | list[str] | None
+    revision: str | None
+    scan: int | None
+    streaming: bool
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 _CHUNK = 1 << 20
@@ -182,7 +195,7 @@ def _local_rows(files: list[Path]) -> Iterator[Row]:
         yield from reader_for(f)(f)
 
 
-def _hub_rows(spec: SourceSpec, seed: int) -> Iterator[Row]:
+def _hub_rows(spec: Location, seed: int) -> Iterator[Row]:
     import datasets  # heavy import; only Hub sources pay for it
 
     what = f"{spec.dataset} (config {spec.config or 'default'}, split {spec.split})"
@@ -214,7 +227,7 @@ def _hub_rows(spec: SourceSpec, seed: int) -> Iterator[Row]:
         yield _as_row(row, what)
 
 
-def open_source(spec: SourceSpec, base_dir: Path, seed: int, confine_to: Path | None = None) -> RowSource:
+def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | None = None) -> RowSource:
     """Return a callable that yields the source's rows from the start each time it is called.
 
     With `confine_to`, a local source (every file of it, symlinks followed) must lie in that folder.

@@ -3,7 +3,7 @@ target sample count among categories and datasets, each quota with its reason.
 
 Shares follow the briefs' weights (the original case's agentic-heavy mix), multiplied by
 GOAL_BOOST for categories the goal names, over the categories something was found for; with a
-traffic profile (`scout --profile`), they follow the traffic's shares instead (curator.scout.traffic).
+traffic profile (`scout --profile`), they follow the traffic's shares instead (curator.scout.traffic_shares).
 Within a category, datasets share its quota by relevance (a little more when several agents
 found the same dataset), never more than a dataset's rows; what a full dataset cannot take
 flows to the others. Reasons go into the YAML as comments, because the recipe model rejects
@@ -27,7 +27,7 @@ from curator.errors import ConfigError
 from training.io.atomic import write_text
 from curator.scout.allocation import DEFAULT_WEIGHT, allocate
 from curator.scout.briefs import Brief
-from curator.scout.traffic import TrafficShares, allocate_by_traffic, traffic_weights
+from curator.scout.traffic_shares import TrafficShares, allocate_by_traffic, traffic_weights
 
 GOAL_BOOST = 1.5
 AGREEMENT_BONUS = 0.25  # per extra agent that found the same dataset
@@ -179,7 +179,7 @@ def propose_mix(
     traffic: TrafficShares | None = None,
 ) -> Proposal:
     """Return the proposed mix for `target_samples` from merged candidates, weighted toward the goal,
-    or, with `traffic`, by the traffic profile's category shares (curator.scout.traffic)."""
+    or, with `traffic`, by the traffic profile's category shares (curator.scout.traffic_shares)."""
     if target_samples < 1:
         raise ConfigError(f"--target-samples must be at least 1, got {target_samples}")
     if not merged:

@@ -92,7 +92,7 @@ class _Lengths:
         if tokenizer is not None:
             if not Path(tokenizer).is_dir():  # a name would send transformers to the Hub
                 raise ConfigError(f"--tokenizer {tokenizer}: not a folder (give the target's local model or tokenizer folder)")
-            from curator.mix.filters import TokenCounter  # loads transformers: only with --tokenizer
+            from curator.rows.tokens import TokenCounter  # loads transformers: only with --tokenizer
 
             self.counter = TokenCounter(tokenizer)
         self.unit = "tokens" if self.counter else "characters"

@@ -21,7 +21,7 @@ from typing import Any
 from curator.rows.formats import NORMALISERS, MalformedRow, as_messages, detect_format
 from curator.rows.readers import BrokenRow, local_files, reader_for
 from curator.rows.schema import MixRow, is_mix, open_mix
-from curator.traffic.schema import unwrap_request
+from curator.rows.formats import unwrap_request
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from curator.errors import ConfigError
 from curator.scout.briefs import load_briefs
-from curator.scout.traffic import served_by
+from curator.scout.traffic_shares import served_by
 from curator.traffic.schema import load_profile
 
 
@@ -30,7 +30,7 @@ class EvalWeights:
 
 def brief_groups(agents_dir: str | Path | None = None) -> dict[str, str]:
     """Return {brief category: traffic category} for the categories that serve another one, by the scouts'
-    rule (`curator.scout.traffic.served_by`; none when there are no briefs)."""
+    rule (`curator.scout.traffic_shares.served_by`; none when there are no briefs)."""
     try:
         briefs = load_briefs(agents_dir)
     except ConfigError:
