@@ -36,7 +36,7 @@ from curator.mix.match import (
     shared_categories,
 )
 from curator.mix.online import require_hub
-from curator.mix.readers import BrokenRow, open_source
+from curator.mix.readers import BrokenRow, is_hub_id, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter
@@ -374,7 +374,7 @@ def build_mix(
     everything = [*recipe.sources, *recipe.decontaminate]
     for spec in everything:  # inputs first: a missing file or an unreachable Hub leaves nothing behind
         open_source(spec, recipe.base_dir, recipe.seed, root)
-    require_hub([spec.dataset for spec in everything if spec.dataset])
+    require_hub([spec.dataset for spec in everything if spec.dataset and is_hub_id(spec.dataset)])
     counter = filters.TokenCounter(tokenizer) if tokenizer is not None else None
     model = TrafficModel(profile) if profile is not None and profile.features is not None else None
     ctx = _Context(recipe, Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near), Decontaminator(recipe.dedup.near),
