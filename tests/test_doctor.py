@@ -404,3 +404,18 @@ def test_a_draft_on_four_layers_with_its_count_written_passes(tmp_path: Path, ta
         "eagle_aux_hidden_state_layer_ids": [2, 3, 4, 5], "curator": {"aux_layer_inputs": [2, 3, 4, 5]}})
     report = diagnose(draft, target, launch=sglang_cmd(target, draft))
     assert report.ok, [c for c in report.checks if c.status == "error"]
+
+
+@pytest.mark.parametrize("written", ["--api-key {k}", "--api_key={k}", "--hf-token {k}", "--admin-api-key {k}"])
+def test_the_doctor_never_echoes_a_launch_commands_credentials(
+    target: Path, good_draft: Path, tmp_path: Path, written: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The doctor once printed `--api-key VALUE` back in the command to copy (issue 38 item 5)."""
+    key = "launch-key-Zq81x"
+    for launch in (sglang_cmd(target, good_draft, algo="EAGLE") + " " + written.format(k=key),
+                   vllm_cmd(target, good_draft) + " " + written.format(k=key),
+                   f"vllm serve {write_speculators_export(tmp_path / 'spec')} " + written.format(k=key)):
+        main(["doctor", "--draft", str(good_draft), "--model", str(target), "--launch", launch])
+        out = capsys.readouterr()
+        assert key not in out.out + out.err, launch
+        assert written.split()[0].split("=")[0] in out.out and "[REDACTED]" in out.out  # the flag kept, to fill in
