@@ -48,7 +48,7 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
                  temperature: float = 0.0) -> GroupResult:
     """Return one category's prompts run at `concurrency` against one endpoint."""
     counted_on_page = ENGINES[endpoint.engine].ACCEPTANCE_ON_METRICS_PAGE and label == "draft"
-    before = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)) if counted_on_page else None
+    before = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url, endpoint.auth)) if counted_on_page else None
     gate = asyncio.Semaphore(concurrency)
 
     async def one(p: BenchPrompt) -> RequestResult:
@@ -64,7 +64,7 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
     wall = time.perf_counter() - start
     group = GroupResult(label, concurrency, prompts[0].category or "all", list(results), wall)
     if before is not None:
-        counted = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)).minus(before)
+        counted = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url, endpoint.auth)).minus(before)
         group.acceptance_length = counted.acceptance_length if counted.drafts else None
         group.position_rates = counted.position_rates()
     elif label == "draft":
@@ -99,7 +99,7 @@ async def run_bench(
         resolved = []
         for label, ep in endpoints:
             if ENGINES[ep.engine].NEEDS_SERVED_MODEL_NAME and not ep.model:
-                ep = Endpoint(ep.engine, ep.url, await served_model(client, ep.url))
+                ep = ep.with_model(await served_model(client, ep.url, ep.auth))
             for p in prompts[:warmup]:
                 await timed_request(client, ep, p.category, p.payload(ep.engine), min(max_tokens, 16), temperature)
             resolved.append((label, ep))
