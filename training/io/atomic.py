@@ -1,0 +1,105 @@
+"""Atomic file writes: readers see the old file or the whole new one, never a part.
+
+The standard library only (no torch), so that the data side imports it without the model side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import uuid
+from pathlib import Path
+from typing import Any
+
+from training.errors import TrainingError
+from training.io.diskspace import named_disk_full
+
+# Every temporary name holds this mark, so a sweep can tell leftovers of a crash from data.
+TMP_MARK = ".tmp-"
+
+
+class OutputPathError(TrainingError):
+    """An output path that must not be written: a block device, a socket, a folder, or a folder
+    reached through a link that leads outside the output."""
+
+
+def _in_place_target(path: Path) -> bool:
+    """Return True when `path` is a character device or a FIFO (written in place, never renamed over);
+    raise OutputPathError for another kind of non-regular file. False: a regular file, a link, or nothing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return False  # a link itself is replaced by the rename, never written through
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return True  # /dev/null, /dev/stdout, a pipe: written into, as a shell redirection would
+    kind = "a folder" if stat.S_ISDIR(mode) else "a block device" if stat.S_ISBLK(mode) else "not a regular file"
+    raise OutputPathError(f"{path} is {kind}; give a file path to write")
+
+
+def write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> Path:
+    """Write `data` to `path` (parents created) through a temp file in its folder and a rename.
+
+    A character device or a FIFO at `path` (`/dev/null`, `/dev/stdout`, a pipe) is written in place,
+    never replaced; a block device, a socket or a folder is refused (OutputPathError).
+    """
+    path = Path(path)
+    if _in_place_target(path):
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    try:
+        with named_disk_full(path.parent), open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | Path, text: str, *, fsync: bool = True) -> Path:
+    """Write UTF-8 `text` to `path` atomically."""
+    return write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def write_json(path: str | Path, obj: Any, *, fsync: bool = True, **dumps: Any) -> Path:
+    """Write `obj` as JSON (`json.dumps(obj, **dumps)`) to `path` atomically."""
+    return write_text(path, json.dumps(obj, **dumps), fsync=fsync)
+
+
+def output_folder(root: str | Path, name: str) -> Path:
+    """Return `root/name`, created, after checking that it is a folder of its own inside `root`.
+
+    A link planted at `root/name` (or above it, inside `root`) would send every write into the folder
+    it points to: refused with OutputPathError, naming the link.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root
+    for part in Path(name).parts:  # each level checked before anything is created under it
+        folder = folder / part
+        if folder.is_symlink():
+            raise OutputPathError(f"{folder} is a link to {os.readlink(folder)}; an output folder is never "
+                                  "followed through a link: remove it, or pick another --out")
+        folder.mkdir(exist_ok=True)
+    if not folder.resolve().is_relative_to(root.resolve()):
+        raise OutputPathError(f"{folder} leads to {folder.resolve()}, outside {root}; an output folder is never "
+                              "followed through a link: remove the link, or pick another --out")
+    return folder
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file, or a folder's entries (so that a rename in it survives a power cut), to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
