@@ -2,7 +2,8 @@
 and its readers (`scout --profile`, `build-mix --match`, `eval --profile`).
 
 A profile holds statistics only: shares, percentiles, hashed feature counts, and at most a
-few scrubbed examples per category. Nothing in it can name a person or a secret.
+few scrubbed examples per category (none with --no-examples); docs/traffic.md says what
+the scrubber finds and what an example can still copy.
 """
 
 from __future__ import annotations
