@@ -235,6 +235,17 @@ def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(run_dir: P
     assert export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang").is_dir()  # once it is done
 
 
+def test_the_export_lock_names_the_output_not_its_parent(run_dir: Path, tmp_path: Path) -> None:
+    """The refusal once named tmp_path, the folder the lock sits in (issue 38 item 15)."""
+    import re
+
+    from training.io.outlock import OutputBusyError, OutputLock
+
+    with OutputLock(tmp_path, ".draft.export.lock", "curator export"):
+        with pytest.raises(OutputBusyError, match=rf"^{re.escape(str(tmp_path / 'draft'))} is being written"):
+            export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+
+
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])
 def test_a_draft_on_four_aux_layers_is_exported_with_its_real_count(run_dir: Path, sharp_target: Path,
                                                                     tmp_path: Path, fmt: str) -> None:

@@ -109,7 +109,7 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
     """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
     out.parent.mkdir(parents=True, exist_ok=True)
     # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
-    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export"):
+    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export", guards=out):
         _sweep_stale(out)  # under the lock: no live export of `out` owns any of them; may restore `out`
         _check_replaceable(out)
         tag = uuid.uuid4().hex[:6]
