@@ -88,7 +88,7 @@ def read_jsonl(path: Path) -> Iterator[Row]:
                 continue
             try:
                 value = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
                 yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
                 continue
             except RecursionError:
@@ -130,19 +130,6 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
             return
         try:
             value, end = decoder.raw_decode(buf, pos)
-        except RecursionError:
-            end = _value_end(buf, pos)
-            if end < 0 and not eof:  # the element goes on past the buffer: read more and look again
-                more = fh.read(_CHUNK)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            count += 1
-            yield BrokenRow(f"JSON nested too deep ({path.name}[{count - 1}])")
-            if end < 0:
-                return
-            pos = end
-            continue
         except json.JSONDecodeError:
             if eof:
                 yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
@@ -150,6 +137,20 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
             more = fh.read(_CHUNK)
             eof = not more
             buf, pos = buf[pos:] + more, 0
+            continue
+        except (RecursionError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
+            end = _value_end(buf, pos)
+            if end < 0 and not eof:  # the element goes on past the buffer: read more and look again
+                more = fh.read(_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            count += 1
+            why = "JSON nested too deep" if isinstance(exc, RecursionError) else "a JSON number too long to read"
+            yield BrokenRow(f"{why} ({path.name}[{count - 1}])")
+            if end < 0:
+                return
+            pos = end
             continue
         count += 1
         yield _as_row(value, f"{path.name}[{count - 1}]")

@@ -81,7 +81,9 @@ def load_profile(path: str | Path) -> Profile:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such profile (make one with `curator profile --traffic FILE --out {path}`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise ConfigError(f"{path}: cannot read the profile: nested too deeply") from None
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, UTF-8, or an integer past 4,300 digits
         raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
     try:
         return Profile.model_validate(data)
