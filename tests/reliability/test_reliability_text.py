@@ -112,7 +112,7 @@ def test_a_5000_digit_integer_is_one_malformed_row_in_profile_build_mix_plan_and
     tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """issue 38 item 7: "unexpected ValueError" once stopped each of these stages."""
-    from tests.test_hidden_states import conversation, write_gen
+    from tests.training.capture.test_hidden_states import conversation, write_gen
     from training.storage.store import HiddenStateStore
 
     good = [{"messages": [{"role": "user", "content": f"how do I sort list {i}?"}]} for i in range(6)]

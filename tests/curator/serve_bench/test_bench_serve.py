@@ -195,7 +195,7 @@ SSE_ANSWER = (b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
 @pytest.mark.parametrize("case", ["401", "500", "no metrics"])
 def test_url_credentials_never_appear_in_bench_serves_errors_or_report(case: str, tmp_path: Path, capsys) -> None:
     """`--endpoint http://user:secret@host:port` once appeared whole in the error line (issue 38 item 5)."""
-    from fakes.hostile_server import HostileServer, Reply
+    from tests.fakes.hostile_server import HostileServer, Reply
 
     from curator.cli import main
 
@@ -226,7 +226,7 @@ def test_bench_serves_timeout_bounds_the_whole_request_and_its_answer_size(tmp_p
     """A server dripping one byte at a time once kept a `--timeout 3` request for 68 s (issue 38 item 14)."""
     import time
 
-    from fakes.hostile_server import HostileServer, Reply
+    from tests.fakes.hostile_server import HostileServer, Reply
 
     with HostileServer(lambda request: Reply(SSE_ANSWER * 50, drip_s=0.05)) as server:
         start = time.perf_counter()

@@ -378,7 +378,7 @@ def test_sigterm_keeps_the_captured_samples_as_ctrl_c_does(tiny_target: Path, tm
     store = tmp_path / "store"
     proc = subprocess.run([sys.executable, "-c", SIGTERM_RUNNER, "hidden-states", "--model", str(tiny_target),
                            "--data", str(gen), "--out", str(store), "--batch-tokens", "64", "--force"],
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 130 != -signal.SIGTERM, proc.stderr[-2000:]
     kept = HiddenStateStore.open(store).ids()
     assert 0 < len(kept) < 40
