@@ -8,6 +8,8 @@ the scrubber finds and what an example can still copy.
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 
@@ -39,12 +41,20 @@ class SparseCounts(_Strict):
     def _same_length(self) -> SparseCounts:
         if len(self.indices) != len(self.counts):
             raise ValueError("indices and counts differ in length")
+        # a NaN or negative count would silently change which rows --match selects
+        if not all(math.isfinite(c) and c >= 0 for c in self.counts):
+            raise ValueError("feature counts must be finite numbers >= 0")
         return self
+
+
+# features.py hashes into 2**14 buckets; a profile naming more than this is not one curator wrote
+# (1e12 buckets would be a terabyte of dense counts)
+MAX_BUCKETS = 1 << 20
 
 
 class Features(_Strict):
     method: str
-    buckets: int = Field(gt=0)
+    buckets: int = Field(gt=0, le=MAX_BUCKETS)
     per_category: dict[str, SparseCounts]
 
 

@@ -161,6 +161,28 @@ def test_a_diverged_checkpoint_is_refused_at_export_and_a_nan_export_at_load(run
         load_draft(out)
 
 
+@pytest.mark.parametrize(("field", "value"), [("vocab_size", 2_000_000_000), ("hidden_size", -1),
+                                              ("intermediate_size", 1e30), ("num_attention_heads", 0)])
+def test_an_exports_stated_sizes_are_bounded_before_anything_is_allocated(
+    run_dir: Path, tmp_path: Path, field: str, value: float
+) -> None:
+    """An export's `vocab_size: 2e9` once made eval try to allocate a terabyte (issue 38 item 9)."""
+    import json
+
+    from training.errors import ModelMismatchError
+
+    for fmt in ("sglang", "speculators"):
+        out = export_checkpoint(run_dir, tmp_path / fmt, fmt=fmt)
+        config = json.loads((out / "config.json").read_text())
+        where = config.get("transformer_layer_config", config)
+        where[field] = value
+        if field == "vocab_size":
+            config[field] = value
+        (out / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ModelMismatchError, match=rf"{field}|not a size a draft has|more than any draft"):
+            load_draft(out)
+
+
 def test_a_wrongly_shaped_fc_or_an_out_of_range_d2t_is_refused_at_export(run_dir: Path, tmp_path: Path) -> None:
     from training.errors import ModelMismatchError
 
