@@ -227,6 +227,12 @@ class _SourceRun:
                             self._on_read)
         self._read_counted = True
         self.report.heldout = int(self.found.excluded.sum())
+        if self.spec.is_traffic and self.found.read and not self.found.counts():
+            # not one usable row: the walk never visits them, so they are counted here, with their reasons
+            # (otherwise a source of 60 broken rows reads "60 read, 0 malformed" and nothing says why)
+            reasons = self.found.unusable_reasons
+            for i in range(self.found.read):
+                self.report.malformed_reason(reasons[i] if i < len(reasons) else reasons[-1] if reasons else "malformed")
         if model is not None:
             self.keys = importance_keys(self.found, model, seed, self.name)
 

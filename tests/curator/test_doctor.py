@@ -419,3 +419,12 @@ def test_the_doctor_never_echoes_a_launch_commands_credentials(
         out = capsys.readouterr()
         assert key not in out.out + out.err, launch
         assert written.split()[0].split("=")[0] in out.out and "[REDACTED]" in out.out  # the flag kept, to fill in
+
+
+@pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "vocab_size"])
+def test_a_target_with_impossible_sizes_is_never_ready_to_serve(tmp_path: Path, good_draft: Path, field: str) -> None:
+    """`num_hidden_layers: -1` once got "ready to serve" (issue 38 item 10)."""
+    bad = write_target(tmp_path / "bad", **{field: -1})
+    report = diagnose(good_draft, bad)
+    assert not report.ok and any(c.name == "target config" and "-1" in c.detail for c in report.errors)
+    assert main(["doctor", "--draft", str(good_draft), "--model", str(bad)]) == 1
