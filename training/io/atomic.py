@@ -62,7 +62,38 @@ def write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    sweep_dead_temps(path)
     return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def sweep_dead_temps(path: str | Path) -> list[Path]:
+    """Remove the temporaries of `path` (`.NAME.tmp-PID-hex`) left by writers that died (SIGKILL between
+    writing and the rename); a live writer's are kept. Return what was removed."""
+    path = Path(path)
+    prefix = f".{path.name}{TMP_MARK}"
+    removed = []
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        pid_text, _, tag = entry.name[len(prefix):].partition("-") if entry.name.startswith(prefix) else ("", "", "")
+        if not (pid_text.isdigit() and len(tag) == 6 and all(c in "0123456789abcdef" for c in tag)):
+            continue
+        if int(pid_text) != os.getpid() and not _alive(int(pid_text)) and entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def write_text(path: str | Path, text: str, *, fsync: bool = True) -> Path:

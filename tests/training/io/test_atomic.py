@@ -99,3 +99,20 @@ def test_an_output_folder_is_never_followed_through_a_link(tmp_path: Path) -> No
         atomic.output_folder(out, "deep/run")
     assert list(elsewhere.iterdir()) == []
     assert atomic.output_folder(out, "run-1").is_dir()
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """Killed profiles once left `.p.json.tmp-PID-hex` files behind for good (issue 38 item 12)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".p.json{atomic.TMP_MARK}{dead.pid}-abc123"
+    stale.write_text("half a profile")
+    live = tmp_path / f".p.json{atomic.TMP_MARK}1-abc123"  # PID 1 is alive: a writer at work keeps its temporary
+    live.write_text("being written")
+    mine = tmp_path / "notes.tmp-1-abc123"  # not a temporary of p.json
+    mine.write_text("the user's")
+    atomic.write_json(tmp_path / "p.json", {"k": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p.json", live.name, mine.name])
