@@ -211,6 +211,20 @@ def test_export_sweeps_the_temporaries_of_killed_exports_but_not_a_users_folder(
     assert (users / "notes.txt").read_text() == "mine" and other.exists()
 
 
+def test_an_export_killed_while_safetensors_writes_leaves_nothing_the_next_export_keeps(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """safetensors writes `.tmpXXXXXX` and renames it: a kill mid-write once left a temporary folder that
+    no later export removed (issue 38 item 12). Measured: SIGKILL of a 600 MB export leaves
+    `.draft.<hex>.tmp/.tmpoZSfdU`."""
+    killed = tmp_path / ".draft.ff09fe.tmp"
+    killed.mkdir()
+    (killed / ".tmpoZSfdU").write_bytes(b"part of the weights")
+    export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+    assert not killed.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".draft.")) == []
+
+
 ROOT = Path(__file__).resolve().parents[3]
 # An export SIGKILLed right after it renamed the earlier export aside, before the new one went in.
 KILL_WHEN_ASIDE = """
