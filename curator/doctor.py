@@ -183,6 +183,10 @@ def check_target(layout: DraftLayout, target_config: dict[str, Any]) -> list[Che
     h = layout.hidden_size
     if th is None or tvocab is None or tlayers is None:
         return [Check("target config", "error", "target config.json lacks hidden_size, vocab_size or num_hidden_layers")]
+    bad = [f"{k} {v}" for k, v in (("hidden_size", th), ("vocab_size", tvocab), ("num_hidden_layers", tlayers),
+                                   ("num_attention_heads", theads)) if v is not None and v < 1]
+    if bad:  # a target with -1 layers serves nothing: never "ready to serve"
+        return [Check("target config", "error", f"target config.json states {', '.join(bad)}: not a model's sizes")]
 
     fc = layout.shapes.get("fc.weight")
     if fc is not None and len(fc) == 2:

@@ -367,6 +367,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     """Write a read-only view of a hidden-state store holding only `ids` (its own meta and index,
     the shards linked, never copied); return its directory. `entries`: the store's index entries
     when the caller already read them."""
+    from training.io.atomic import output_folder
     from training.storage.store import atomic_write_json, read_index
 
     src, out = Path(store_dir).resolve(), Path(out)
@@ -375,7 +376,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     missing = [sid for sid in ids if sid not in entries]
     if missing:
         raise ConfigError(f"{src}: {len(missing)} ids are not in the store (first: {missing[0]})")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out.parent, out.name)  # a planted link never sends index.json elsewhere
     atomic_write_json(out / "meta.json", json.loads((src / "meta.json").read_text(encoding="utf-8")))
     atomic_write_json(out / "index.json", {"samples": {sid: entries[sid] for sid in ids}, "skipped": {}})
     link = out / "shards"
@@ -514,6 +515,7 @@ def train_nested(
     a TrainConfig dict) and return each one's per-category simulated acceptance on the held-out
     samples: `eval_store`, or a hashed 5% of `store` set apart once for every subset."""
     from training.feed.batches import split_eval
+    from training.io.atomic import output_folder
     from training.storage.store import read_index
     from training.train.config import TrainConfig
     from training.train.trainer import train
@@ -533,7 +535,8 @@ def train_nested(
     for frac, chosen in nested_subsets(by_cat, fractions, seed).items():
         view = subset_store(store, chosen, out / f"subset-{frac:g}", entries)
         cfg = TrainConfig.from_dict({**base, "data": str(view), "eval_data": str(eval_store), "target": str(target),
-                                     "out": str(out / f"run-{frac:g}"), "max_train_samples": None, "seed": seed})
+                                     "out": str(output_folder(out, f"run-{frac:g}")), "max_train_samples": None,
+                                     "seed": seed})
         result = train(cfg)
         ev = result.eval or {}
         acc = dict(ev.get("sim_categories") or {})

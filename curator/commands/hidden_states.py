@@ -179,7 +179,9 @@ def hidden_states(
     quiet_library_progress()
     if not force:
         console.print("[dim]planning the disk (measuring the samples left to capture)[/]")
-    with progress() as bar:
+    from curator.signals import sigterm_as_ctrl_c
+
+    with sigterm_as_ctrl_c(), progress() as bar:  # SIGTERM keeps the buffered samples, as Ctrl-C does
         # the bar appears once the input is read and the disk planned: a bad input is refused before it
         tasks: list[TaskID] = []
         stats = capture_hidden_states(settings, read=read,

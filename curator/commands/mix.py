@@ -66,7 +66,7 @@ def build_mix_command(
         None, "--match", help="Traffic profile (curator profile): category shares and traffic-like rows follow it."
     ),
     allow_outside_paths: bool = typer.Option(
-        False, "--allow-outside-paths", help="Let the recipe's path: sources read outside the recipe's folder."
+        False, "--allow-outside-paths", help="Let the recipe's path: sources, local dataset: builders and data_files read outside the recipe's folder."
     ),
 ) -> None:
     """Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota."""

@@ -136,7 +136,7 @@ def parse_row(record: dict[str, Any], key: str) -> MixRow | BadRow:
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             return BadRow(row_id, "tools is not valid JSON")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         return BadRow(row_id, "tools is not a list of JSON schemas")

@@ -47,7 +47,7 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
                  temperature: float = 0.0) -> GroupResult:
     """Return one category's prompts run at `concurrency` against one endpoint."""
     read_counters = ENGINES[endpoint.engine].spec_counters if label == "draft" else None
-    before = read_counters(await metrics_page(client, endpoint.url)) if read_counters is not None else None
+    before = read_counters(await metrics_page(client, endpoint.url, endpoint.auth)) if read_counters is not None else None
     gate = asyncio.Semaphore(concurrency)
 
     async def one(p: BenchPrompt) -> RequestResult:
@@ -63,7 +63,7 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
     wall = time.perf_counter() - start
     group = GroupResult(label, concurrency, prompts[0].category or "all", list(results), wall)
     if read_counters is not None and before is not None:
-        counted = read_counters(await metrics_page(client, endpoint.url)).minus(before)
+        counted = read_counters(await metrics_page(client, endpoint.url, endpoint.auth)).minus(before)
         group.acceptance_length = counted.acceptance_length if counted.drafts else None
         group.position_rates = counted.position_rates()
     elif label == "draft":
@@ -98,7 +98,7 @@ async def run_bench(
         resolved = []
         for label, ep in endpoints:
             if ENGINES[ep.engine].NEEDS_SERVED_MODEL_NAME and not ep.model:
-                ep = Endpoint(ep.engine, ep.url, await served_model(client, ep.url))
+                ep = ep.with_model(await served_model(client, ep.url, ep.auth))
             for p in prompts[:warmup]:
                 await timed_request(client, ep, p.category, p.payload(ep.engine), min(max_tokens, 16), temperature)
             resolved.append((label, ep))

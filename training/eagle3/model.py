@@ -31,6 +31,14 @@ from training.target.config import text_part
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
+# Bounds on what a config file may state (the largest real targets are far inside them): checked
+# before a tensor is allocated from them.
+MAX_DIM = {"hidden_size": 1 << 16, "target_hidden_size": 1 << 16, "num_attention_heads": 1 << 10,
+           "num_key_value_heads": 1 << 10, "head_dim": 1 << 12, "intermediate_size": 1 << 19, "vocab_size": 1 << 23,
+           "draft_vocab_size": 1 << 23, "num_aux_layers": 1 << 6}
+MAX_ELEMENTS = 1 << 34  # 17G weights: 32 GiB in bf16, several times a real draft with its embeddings
+
+
 @dataclass
 class DraftConfig:
     hidden_size: int = 4096  # H: the draft's width, the target's hidden size (embeddings are shared)
@@ -49,6 +57,7 @@ class DraftConfig:
     aux_layer_ids: list[int] = field(default_factory=list)  # SGLang convention: inputs of these layers
 
     def __post_init__(self) -> None:
+        self._check_sizes()
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
         if self.head_dim is None:
@@ -67,6 +76,27 @@ class DraftConfig:
             raise ModelMismatchError(
                 f"rope type {rope_type!r} is not supported by the draft (use one of {SUPPORTED_ROPE_TYPES})"
             )
+
+    def _check_sizes(self) -> None:
+        """Refuse sizes no draft has, before anything is allocated from them: a config.json is a file
+        (an export's `vocab_size: 2e9` would otherwise make eval try to allocate a terabyte)."""
+        sizes = {"hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
+                 "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                 "head_dim": self.head_dim, "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+                 "draft_vocab_size": self.draft_vocab_size, "num_aux_layers": self.num_aux_layers}
+        for name, value in sizes.items():
+            if value is None and name in ("target_hidden_size", "head_dim"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM[name]:
+                raise ModelMismatchError(f"draft config {name} {value!r} is not a size a draft has "
+                                         f"(1..{MAX_DIM[name]:,}); the config.json is damaged or not a draft's")
+        h, ht = self.hidden_size, self.target_hidden_size or self.hidden_size
+        elements = (self.vocab_size + self.draft_vocab_size + 3 * self.intermediate_size + self.num_aux_layers * ht
+                    + 4 * self.num_attention_heads * (self.head_dim or h // self.num_attention_heads)) * h
+        if elements > MAX_ELEMENTS:
+            raise ModelMismatchError(f"draft config sizes (hidden {h}, vocab {self.vocab_size}, intermediate "
+                                     f"{self.intermediate_size}) make {elements:,} weights, more than any draft "
+                                     f"({MAX_ELEMENTS:,}); the config.json is damaged or not a draft's")
 
     @property
     def fused_width(self) -> int:

@@ -109,7 +109,7 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
     """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
     out.parent.mkdir(parents=True, exist_ok=True)
     # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
-    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export"):
+    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export", guards=out):
         _sweep_stale(out)  # under the lock: no live export of `out` owns any of them; may restore `out`
         _check_replaceable(out)
         tag = uuid.uuid4().hex[:6]
@@ -131,6 +131,9 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
     return out
 
 
+_SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9_]{6,8}")
+
+
 def _sweep_stale(out: Path) -> list[Path]:
     """Clean up after killed exports of `out` (hold its lock); return the folders removed.
 
@@ -139,12 +142,16 @@ def _sweep_stale(out: Path) -> list[Path]:
     that earlier export is renamed back, not deleted. Only folders by these names holding nothing but
     an export's files are taken: a folder of the user's that happens to match is kept.
     """
+    def export_file(name: str, suffix: str) -> bool:
+        # safetensors writes the weights to a `.tmpXXXXXX` file and renames it: a kill mid-write leaves one
+        return name in (CONFIG_FILE, WEIGHTS_FILE) or (suffix == TMP_SUFFIX and _SAFETENSORS_TMP.fullmatch(name) is not None)
+
     def ours(suffix: str) -> list[Path]:
         pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}{re.escape(suffix)}")
         return sorted(
             (path for path in out.parent.iterdir()
              if pattern.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
-             and {p.name for p in path.iterdir()} <= {CONFIG_FILE, WEIGHTS_FILE}),
+             and all(export_file(p.name, suffix) and not p.is_symlink() for p in path.iterdir())),
             key=lambda path: path.stat().st_mtime,
         )
 

@@ -24,10 +24,13 @@ class OutputBusyError(TrainingError):
 class OutputLock:
     """Exclusive lock on an output folder for one stage (`with OutputLock(folder, ".x.lock", "curator x"):`)."""
 
-    def __init__(self, folder: str | Path, name: str, stage: str) -> None:
+    def __init__(self, folder: str | Path, name: str, stage: str, guards: str | Path | None = None) -> None:
         self.folder = Path(folder)
         self.path = self.folder / name
         self.stage = stage
+        # the output the lock stands for, named in the refusal: `folder` itself, or (for a lock kept
+        # beside an output that is replaced whole, as export's) that output
+        self.guards = Path(guards) if guards is not None else self.folder
         self._fd: int | None = None
 
     def acquire(self) -> OutputLock:
@@ -42,7 +45,7 @@ class OutputLock:
                 os.close(fd)
                 who = f"PID {holder[0]}" + (f" on {holder[1]}" if len(holder) > 1 else "") if holder else "another process"
                 raise OutputBusyError(
-                    f"{self.folder} is being written by another {self.stage} ({who}); "
+                    f"{self.guards} is being written by another {self.stage} ({who}); "
                     "wait for it to finish or use another output folder"
                 ) from None
             try:

@@ -5,6 +5,7 @@ the file that names it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import types
 import typing
@@ -67,6 +68,17 @@ class TrainConfig:
             problems.append("eval_fraction must be in [0, 1)")
         if self.max_length < 2:
             problems.append("max_length must be >= 2")
+        # the optimizer's own ValueErrors ("Invalid learning rate") would come unnamed, mid-setup
+        for name in ("lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
+                problems.append(f"{name} must be a finite number >= 0, not {value!r}")
+        if isinstance(self.lr, (int, float)) and self.lr == 0:
+            problems.append("lr must be > 0")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not 0.0 <= value < 1.0:
+                problems.append(f"{name} must be in [0, 1), not {value!r}")
         if problems:
             raise TrainingError("invalid training config: " + "; ".join(problems))
 
@@ -124,6 +136,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise TrainingError(f"cannot read config {p}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise TrainingError(f"{p} is not text (not UTF-8): a config is a JSON or YAML file") from None
     if p.suffix in (".yaml", ".yml"):
         try:
             import yaml  # optional: the GPU box may lack it; JSON always works
@@ -138,8 +152,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     else:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TrainingError(f"{p} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise TrainingError(f"{p} is nested too deeply to be a config") from None
+        except ValueError as exc:  # JSONDecodeError, and an integer of more than 4,300 digits
+            raise TrainingError(f"{p} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise TrainingError(f"{p} must hold a mapping of option: value")
     return data
@@ -160,7 +176,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise TrainingError(f"{item!r} is not key=value (e.g. max_steps=600)")
         try:
             out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON (or past json's limits): kept as text
             out[key.strip()] = value
     return out
 
