@@ -57,10 +57,13 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def target_server(demo: Path, logs: Path) -> Iterator[VllmServer]:
-    """vLLM serving the demo's target without speculation (stopped after the module)."""
-    server = start_or_fail(VllmServer(demo / "target", logs, max_num_seqs=8))
+    """vLLM serving the demo's target without speculation (one for the session, stopped at its end; bench-serve's baseline too). The demo target
+    writes Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` calls: without a tool-call parser
+    vLLM refuses every chat request that declares tools ("auto" tool choice needs one)."""
+    server = start_or_fail(VllmServer(demo / "target", logs, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                                      max_num_seqs=8))
     try:
         yield server
     finally:
