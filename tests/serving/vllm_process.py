@@ -84,7 +84,9 @@ class VllmServer:
         self.argv = [self.python, *python_args, "-m", module, "--model", self.model,
                      "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(self.port),
                      "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-                     "--dtype", "float32", "--seed", "0", "--uvicorn-log-level", "warning", *args]
+                     "--dtype", "float32", "--seed", "0", "--uvicorn-log-level", "warning",
+                     # no torch.compile: on 2 busy cores it took minutes per start for models of 1 MB
+                     "--enforce-eager", *args]
         self.env = engine_env(**(env or {}))
         self.proc: subprocess.Popen[bytes] | None = None
 
