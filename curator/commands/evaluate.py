@@ -10,8 +10,9 @@ import typer
 from rich.markup import escape
 
 from curator.errors import ConfigError
-from curator.ui import console, progress, rows_table, summary_table
-from training.atomic import write_json
+from curator.evaluation.measure import measure
+from curator.ui import console, rows_table, summary_table
+from training.io.atomic import write_json
 
 
 def eval_command(
@@ -37,9 +38,9 @@ def eval_command(
     """Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled)."""
     import torch
 
-    from curator.traffic.weighting import eval_weights
-    from training.evaluate import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
-    from training.export import load_draft
+    from curator.evaluation.weighting import eval_weights
+    from training.eval.decode import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
+    from training.export.export import load_draft
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -82,36 +83,9 @@ def eval_command(
     return 0
 
 
-def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, steps: int, max_new_tokens: int,
-            tie_margin: float, topk: int = 1, num_draft_tokens: int | None = None, sampling: Any = None,
-            weights: Any = None, offline: tuple[Path, Path, Any] | None = None) -> Any:
-    """Return the EvalReport of speculative decoding of `prompts` (a progress bar while it runs); with
-    `weights` (curator.traffic.weighting.eval_weights) its traffic-weighted figures; with `offline`
-    (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
-    the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
-    from training.evaluate import DraftProposer, evaluate, offline_estimate
-    from training.simulate import traffic_weighted
-
-    with progress() as bar:
-        task = bar.add_task("speculative decoding", total=len(prompts))
-        report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), prompts, steps=steps, topk=topk,
-                          max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
-                          on_prompt=lambda _: bar.advance(task))
-    if weights is not None:
-        report.traffic = traffic_weighted(report.categories, weights.shares, weights.groups)
-    if offline is not None:
-        data, model, split = offline
-        with console.status("offline estimates on held-out hidden states"):
-            report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
-                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-                                              traffic_shares=weights.shares if weights else None,
-                                              traffic_groups=weights.groups if weights else None)
-    return report
-
-
 def render_eval(report: Any, wall_s: float) -> None:
     """Print the summary, per-position and per-category tables."""
-    from training.evaluate import finite
+    from training.eval.decode import finite
 
     overall = report.overall
     rows: list[tuple[str, Any]] = [
@@ -167,7 +141,7 @@ def render_eval(report: Any, wall_s: float) -> None:
 
 def render_traffic(report: Any, source: str) -> None:
     """Print acceptance per traffic category and weighted by the profile's shares, measured and simulated."""
-    from training.evaluate import finite
+    from training.eval.decode import finite
 
     measured = report.traffic or {}
     simulated = (report.offline or {}).get("traffic_weighted") or {}
@@ -192,7 +166,7 @@ def render_traffic(report: Any, source: str) -> None:
 
 def category_rows(report: Any) -> list[list[Any]]:
     """Return per category: measured forwards and acceptance length beside the simulated ones."""
-    from training.evaluate import finite
+    from training.eval.decode import finite
 
     sim = ((report.offline or {}).get("simulated") or {}).get("categories") or {}
     names = sorted(set(report.categories) | set(sim))

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, TaskID, TextColumn
 
 from curator.errors import CatalogError, ConfigError
 from curator.loss_report import LOSS_NOTE, loss_text
-from curator.ui import console, progress, rows_table, summary_table
+from curator.train_progress import accept_length_rows, training_progress
+from curator.ui import console, rows_table, summary_table
 from training.errors import TrainingError
-from training.train_config import TrainConfig, load_run_config
+from training.train.config import TrainConfig, load_run_config
 
 if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a usage error
-    from training.trainer import TrainResult
-
-
-def _fmt_acc(values: list[float]) -> str:
-    return " ".join(f"{v:.2f}" for v in values)
+    from training.train.trainer import TrainResult
 
 
 def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> None:
@@ -40,44 +35,11 @@ def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> 
         console.print(f"[yellow]warning:[/] the run was not recorded in the catalog: {escape(str(exc))}")
 
 
-def accept_length_rows(record: dict[str, Any], split: str) -> dict[str, float | None]:
-    """Return a metrics record's acceptance lengths, each named with its chain length K (the most
-    it can be is K + 1): the teacher-forced one over the TTT steps, and the simulated one."""
-    rows: dict[str, float | None] = {}
-    if record.get("accept_length") is not None:
-        rows[f"{split} accept length (teacher-forced, K={len(record.get('cond_acc') or record['acc'])})"] = \
-            record["accept_length"]
-    if record.get("sim_accept_length") is not None:
-        rows[f"{split} simulated accept length (K={record.get('sim_steps', '?')})"] = record["sim_accept_length"]
-    return rows
-
-
-def training_progress() -> tuple[Progress, Callable[[dict[str, Any]], None]]:
-    """Return a progress display for a draft's training and the trainer's `on_metrics` callback
-    that feeds it (a bar for the train steps, a line per eval)."""
-    bar = progress(TextColumn("{task.fields[status]}"))
-    tasks: list[TaskID] = []  # added at the first record: a run refused while it sets up draws no bar
-
-    def show(record: dict[str, Any]) -> None:
-        if record["split"] == "train":
-            if not tasks:
-                tasks.append(bar.add_task("train", total=record["total_steps"], status=""))
-            bar.update(tasks[0], completed=record["step"], total=record["total_steps"],
-                       status=f"{loss_text(record)}  acc {_fmt_acc(record['acc'][:3])}  "
-                              f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
-        else:
-            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
-                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
-                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
-
-    return bar, show
-
-
 def train(
     overrides: Optional[list[str]] = typer.Argument(
         None, metavar="KEY=VALUE",
         help="Options over the config file's, e.g. data=states/ target=/models/T out=runs/d1 max_steps=600. "
-             "Every option is a field of training.train_config.TrainConfig (see docs/training.md)."),
+             "Every option is a field of training.train.config.TrainConfig (see docs/training.md)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in `out` from its latest checkpoint."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
@@ -93,7 +55,7 @@ def train(
         cfg = load_run_config(config, overrides or [])
     except TrainingError as exc:
         raise ConfigError(f"{config or 'options'}: {exc}") from exc
-    from training.trainer import train as run_training
+    from training.train.trainer import train as run_training
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar, show = training_progress()
@@ -129,8 +91,8 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
-    from training.layouts import layout_named
+    from training.export.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
+    from training.eagle3.layouts import layout_named
 
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")

@@ -1,0 +1,406 @@
+"""`curator doctor`: every misconfiguration that silently ruins acceptance is caught before serving."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from curator.cli import main
+from curator.doctor import diagnose, parse_launch
+
+H, HEADS, KV_HEADS, LAYERS, VOCAB, DRAFT_VOCAB = 64, 4, 2, 8, 300, 48
+LAYER_IDS = [2, 4, 5]  # SGLang's default [2, N//2, N-3] for N=8
+
+
+def write_target(root: Path, **overrides: int) -> Path:
+    """A target model directory: only config.json matters to the doctor."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": H, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV_HEADS, "num_hidden_layers": LAYERS, "vocab_size": VOCAB}
+    config.update(overrides)
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def draft_tensors(prefix: str, fc_in: int = 3 * H, draft_vocab: int = DRAFT_VOCAB,
+                  d2t_shift: int = 0) -> dict[str, torch.Tensor]:
+    """Small EAGLE-3 weights laid out as an export writes them (no embedding)."""
+    head_dim = H // HEADS
+    hot = torch.arange(0, 2 * draft_vocab, 2)  # every second target id is in the draft vocab
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[hot] = True
+    layer = {
+        "self_attn.q_proj.weight": torch.zeros(HEADS * head_dim, 2 * H),
+        "self_attn.k_proj.weight": torch.zeros(KV_HEADS * head_dim, 2 * H),
+        "self_attn.v_proj.weight": torch.zeros(KV_HEADS * head_dim, 2 * H),
+        "self_attn.o_proj.weight": torch.zeros(H, HEADS * head_dim),
+        "mlp.gate_proj.weight": torch.zeros(4 * H, H),
+        "mlp.up_proj.weight": torch.zeros(4 * H, H),
+        "mlp.down_proj.weight": torch.zeros(H, 4 * H),
+        "input_layernorm.weight": torch.ones(H),
+        "hidden_norm.weight": torch.ones(H),
+        "post_attention_layernorm.weight": torch.ones(H),
+    }
+    tensors = {prefix + k: v for k, v in layer.items()}
+    tensors.update({
+        "fc.weight": torch.zeros(H, fc_in),
+        "norm.weight": torch.ones(H),
+        "lm_head.weight": torch.zeros(draft_vocab, H),
+        "d2t": hot - torch.arange(draft_vocab) + d2t_shift,
+        "t2d": t2d,
+    })
+    return tensors
+
+
+def write_sglang_export(root: Path, *, config: dict | None = None, **tensor_kwargs) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+           "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "intermediate_size": 4 * H,
+           "num_hidden_layers": 1, "vocab_size": VOCAB, "draft_vocab_size": DRAFT_VOCAB,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in LAYER_IDS]}}  # SGLang adds 1 (Llama)
+    cfg.update(config or {})
+    (root / "config.json").write_text(json.dumps(cfg))
+    save_file(draft_tensors("midlayer.", **tensor_kwargs), str(root / "model.safetensors"))
+    return root
+
+
+def write_speculators_export(root: Path, prefix: str = "layers.0.", verifier: str = "org/target") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+           "transformer_layer_config": {"model_type": "llama", "hidden_size": H, "num_attention_heads": HEADS,
+                                        "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB,
+                                        "intermediate_size": 4 * H, "num_hidden_layers": 1},
+           "draft_vocab_size": DRAFT_VOCAB, "norm_before_residual": False,
+           "eagle_aux_hidden_state_layer_ids": LAYER_IDS,
+           "speculators_config": {"algorithm": "eagle3",
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                  "default_proposal_method": "greedy",
+                                  "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}}}
+    (root / "config.json").write_text(json.dumps(cfg))
+    save_file(draft_tensors(prefix), str(root / "model.safetensors"))
+    return root
+
+
+def sglang_cmd(target: Path, draft: Path, algo: str = "EAGLE3", steps: int = 3, topk: int = 1, ndt: int = 4) -> str:
+    return (f"python -m sglang.launch_server --model-path {target} --tp 8 --speculative-algorithm {algo} "
+            f"--speculative-draft-model-path {draft} --speculative-num-steps {steps} "
+            f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {ndt} --port 30000")
+
+
+def vllm_cmd(target: Path, draft: Path, method: str = "eagle3") -> str:
+    spec = json.dumps({"method": method, "model": str(draft), "num_speculative_tokens": 3})
+    return f"vllm serve {target} --tensor-parallel-size 8 --speculative-config {shlex.quote(spec)}"
+
+
+@pytest.fixture()
+def target(tmp_path: Path) -> Path:
+    return write_target(tmp_path / "target")
+
+
+@pytest.fixture()
+def good_draft(tmp_path: Path) -> Path:
+    return write_sglang_export(tmp_path / "draft")
+
+
+def test_correct_sglang_deployment_passes_every_check(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
+    assert report.ok, [c for c in report.errors]
+    assert not [c for c in report.checks if c.status == "warn"]
+    assert {"architecture", "fc shape", "fc width vs target", "vocab size", "aux layers (SGLang)",
+            "algorithm", "draft path", "draft steps"} <= {c.name for c in report.checks}
+
+
+def test_correct_vllm_speculators_deployment_passes(tmp_path: Path, target: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    report = diagnose(draft, target, launch=vllm_cmd(target, draft))
+    assert report.ok, report.errors
+    assert report.launch_command.startswith("vllm serve")
+
+
+# Each case: (what is wrong, how to break the draft dir, how to break the command, check that must fail).
+Case = tuple[str, Callable[[Path], Path], Callable[[Path, Path], str], str]
+CASES: list[Case] = [
+    ("EAGLE instead of EAGLE3", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d, algo="EAGLE"), "algorithm"),
+    ("vLLM method eagle", lambda d: write_sglang_export(d),
+     lambda t, d: vllm_cmd(t, d, method="eagle"), "algorithm"),
+    ("fc for another target width", lambda d: write_sglang_export(d, fc_in=3 * 48, config={"target_hidden_size": 48}),
+     lambda t, d: sglang_cmd(t, d), "fc width vs target"),
+    ("fc that does not match its config", lambda d: write_sglang_export(d, fc_in=2 * H),
+     lambda t, d: sglang_cmd(t, d), "fc shape"),
+    ("vocab of another tokenizer", lambda d: write_sglang_export(d, config={"vocab_size": VOCAB + 2}),
+     lambda t, d: sglang_cmd(t, d), "vocab size"),
+    ("layer id past the target's depth",
+     lambda d: write_sglang_export(d, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, LAYERS]}}),
+     lambda t, d: sglang_cmd(t, d), "aux layers (SGLang)"),
+    ("two layer ids only",
+     lambda d: write_sglang_export(d, config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4]}}),
+     lambda t, d: sglang_cmd(t, d), "aux layer ids"),
+    ("wrong draft path", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d.parent / "some-other-draft"), "draft path"),
+    ("topk without steps (SGLang's start-up assertion)", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d).replace("--speculative-num-steps 3 ", ""), "draft steps"),
+    ("export trained on other layers than SGLang captures",
+     lambda d: write_sglang_export(d, config={"curator": {"aux_layer_inputs": [1, 4, 5]}}),
+     lambda t, d: sglang_cmd(t, d), "aux layers (SGLang)"),
+    ("`vllm serve EXPORT` whose verifier is a local folder", lambda d: write_speculators_export(d, verifier="/models/t"),
+     lambda t, d: f"vllm serve {d} --port 8000", "verifier"),
+    ("vLLM short flag and the same key in --speculative-config", lambda d: write_speculators_export(d),
+     lambda t, d: vllm_cmd(t, d) + " --spec-tokens 2", "speculative config"),
+    ("tree larger than topk allows", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t, d, steps=2, topk=2, ndt=9), "draft steps"),
+    ("speculators layout served by SGLang", lambda d: write_speculators_export(d),
+     lambda t, d: sglang_cmd(t, d), "layout vs server"),
+    ("weights under the other layout's names", lambda d: write_speculators_export(d, prefix="midlayer."),
+     lambda t, d: vllm_cmd(t, d), "weight names"),
+    ("d2t pointing outside the target vocab", lambda d: write_sglang_export(d, d2t_shift=VOCAB),
+     lambda t, d: sglang_cmd(t, d), "d2t/t2d"),
+    ("lm_head not draft-vocab wide", lambda d: write_sglang_export(d, config={"draft_vocab_size": DRAFT_VOCAB + 1}),
+     lambda t, d: sglang_cmd(t, d), "lm_head shape"),
+    ("not an EAGLE-3 export", lambda d: write_sglang_export(d, config={"architectures": ["LlamaForCausalLM"]}),
+     lambda t, d: sglang_cmd(t, d), "architecture"),
+    ("server started on another target", lambda d: write_sglang_export(d),
+     lambda t, d: sglang_cmd(t.parent / "other-model", d), "target model"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_misconfiguration_is_an_error(case: Case, tmp_path: Path, target: Path) -> None:
+    _, make_draft, make_cmd, failing = case
+    draft = make_draft(tmp_path / "draft")
+    report = diagnose(draft, target, launch=make_cmd(target, draft))
+    assert not report.ok
+    assert failing in {c.name for c in report.errors}, [(c.name, c.detail) for c in report.errors]
+
+
+def test_eagle_error_explains_the_silent_fc_bypass(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft, algo="EAGLE"))
+    (algo,) = [c for c in report.errors if c.name == "algorithm"]
+    assert "fc" in algo.detail and "silently" in algo.detail and "192" in algo.detail
+
+
+def test_suggested_command_fixes_the_flags_and_keeps_the_rest(target: Path, good_draft: Path) -> None:
+    bad = sglang_cmd(target, good_draft.parent / "elsewhere", algo="EAGLE", steps=5, topk=1, ndt=4)
+    report = diagnose(good_draft, target, launch=bad)
+    fixed = report.launch_command
+    assert "--tp 8" in fixed and "--port 30000" in fixed
+    assert "--speculative-algorithm EAGLE3" in fixed and str(good_draft) in fixed
+    assert "--speculative-num-steps 5" in fixed and "--speculative-num-draft-tokens 6" in fixed
+    assert diagnose(good_draft, target, launch=fixed).ok
+
+
+def write_store(root: Path, layer_ids: list[int], convention: str = "sglang-input") -> Path:
+    from training.storage.store import StoreMeta, StoreWriter
+
+    meta = StoreMeta(target="target", hidden_size=H, num_layers=LAYERS, vocab_size=VOCAB, aux_layer_ids=layer_ids,
+                     layer_convention=convention, dtype="bf16", has_final=False)
+    with StoreWriter(root, meta):
+        pass
+    return root
+
+
+def test_store_captured_at_other_layers_is_an_error(tmp_path: Path, target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, store=write_store(tmp_path / "store", [1, 4, 5]))
+    assert "layer ids vs data" in {c.name for c in report.errors}
+
+
+def test_store_recording_layer_outputs_matches_the_same_layers_as_inputs(tmp_path: Path, target: Path,
+                                                                         good_draft: Path) -> None:
+    # SpecForge's outputs of layers [1, 3, 4] are SGLang's inputs of layers [2, 4, 5]
+    report = diagnose(good_draft, target, store=write_store(tmp_path / "store", [1, 3, 4], "output"))
+    assert report.ok, report.errors
+
+
+def test_launch_parsing_reads_equals_and_underscores() -> None:
+    spec = parse_launch("CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model=/m "
+                        "--speculative_algorithm=EAGLE3 --speculative-draft-model-path /d "
+                        "--speculative-num-steps=2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3")
+    assert (spec.engine, spec.target, spec.algorithm, spec.draft_path, spec.steps, spec.topk, spec.num_draft_tokens) \
+        == ("sglang", "/m", "EAGLE3", "/d", 2, 1, 3)
+
+
+def test_cli_exits_nonzero_and_prints_the_right_command(target: Path, good_draft: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--draft", str(good_draft), "--model", str(target),
+                 "--launch", sglang_cmd(target, good_draft, algo="EAGLE")])
+    out = capsys.readouterr()
+    assert code == 1
+    assert "EAGLE3" in out.out and "sglang.launch_server" in out.out
+    assert main(["doctor", "--draft", str(good_draft), "--model", str(target),
+                 "--launch", sglang_cmd(target, good_draft)]) == 0
+
+
+def test_cli_reports_a_missing_draft_in_one_line(tmp_path: Path) -> None:
+    assert main(["doctor", "--draft", str(tmp_path / "nope")]) == 1
+
+
+def test_export_without_layer_ids_is_an_error_when_the_server_default_differs(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "draft", config={"eagle_config": None})
+    report = diagnose(draft, target, store=write_store(tmp_path / "other", [1, 2, 3]))
+    assert any(c.status == "error" and "default" in c.detail for c in report.checks)
+    assert not report.ok
+    same = diagnose(draft, target, store=write_store(tmp_path / "same", LAYER_IDS))
+    assert not [c for c in same.checks if c.status == "error"]
+
+
+def test_an_export_sglang_reads_as_trained_passes_and_says_which_layers(target: Path, tmp_path: Path) -> None:
+    # Llama target: SGLang adds 1 to the written ids [1, 3, 4] and captures the inputs of [2, 4, 5]
+    draft = write_sglang_export(tmp_path / "d", config={"curator": {"aux_layer_inputs": LAYER_IDS}})
+    report = diagnose(draft, target, launch=sglang_cmd(target, draft))
+    assert report.ok, report.errors
+    (sg,) = [c for c in report.checks if c.name == "aux layers (SGLang)"]
+    assert sg.status == "ok" and "[2, 4, 5]" in sg.detail and "plus-one" in sg.detail
+
+
+def test_the_same_ids_under_a_deepseek_target_are_read_as_inputs(tmp_path: Path) -> None:
+    # deepseek_v2 adds 1 only when the first id is 1: [1, 3, 4] -> [2, 4, 5], [2, 4, 5] -> as is
+    target = write_target(tmp_path / "ds", architectures=["DeepseekV3ForCausalLM"])
+    ok = write_sglang_export(tmp_path / "ok", config={"curator": {"aux_layer_inputs": LAYER_IDS}})
+    assert diagnose(ok, target).ok
+    off = write_sglang_export(tmp_path / "off", config={"curator": {"aux_layer_inputs": LAYER_IDS},
+                                                         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 3, 4]}})
+    assert "aux layers (SGLang)" in {c.name for c in diagnose(off, target).errors}
+
+
+def test_topk_one_with_other_draft_tokens_is_a_warning_because_sglang_adjusts_it(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft, steps=3, topk=1, ndt=8))
+    assert report.ok
+    (steps,) = [c for c in report.checks if c.name == "draft steps"]
+    assert steps.status == "warn" and "adjusts" in steps.detail
+
+
+def test_vllm_short_flags_are_read_and_kept_in_the_suggestion(tmp_path: Path, target: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    cmd = f"vllm serve {target} --spec-method eagle3 --spec-model {draft} --spec-tokens 3 --port 8000"
+    spec = parse_launch(cmd)
+    assert (spec.algorithm, spec.draft_path, spec.steps) == ("eagle3", str(draft), 3)
+    report = diagnose(draft, target, launch=cmd)
+    assert report.ok, report.errors
+    assert "--speculative-config" not in report.launch_command and "--spec-tokens 3" in report.launch_command
+    json_cmd = f"vllm serve {target} -sc '{{\"method\": \"eagle3\", \"model\": \"{draft}\", \"num_speculative_tokens\": 2}}'"
+    assert parse_launch(json_cmd).steps == 2 and diagnose(draft, target, launch=json_cmd).ok
+
+
+def test_vllm_serving_an_sglang_export_without_top_level_ids_is_an_error(target: Path, good_draft: Path) -> None:
+    report = diagnose(good_draft, target, launch=vllm_cmd(target, good_draft))
+    assert "layout vs server" in {c.name for c in report.errors}
+    fixed = write_sglang_export(good_draft.parent / "fixed", config={"eagle_aux_hidden_state_layer_ids": LAYER_IDS})
+    assert diagnose(fixed, target, launch=vllm_cmd(target, fixed)).ok
+
+
+def test_a_local_verifier_is_flagged_even_without_a_launch_command(tmp_path: Path, target: Path) -> None:
+    report = diagnose(write_speculators_export(tmp_path / "spec", verifier=str(target)), target)
+    (verifier,) = [c for c in report.checks if c.name == "verifier"]
+    assert verifier.status == "warn" and "--verifier" in verifier.detail
+
+
+def test_vllm_serve_export_is_a_complete_launch(tmp_path: Path, target: Path) -> None:
+    # vLLM 0.33 takes the method, the draft and the token count from the export and serves its verifier
+    draft = write_speculators_export(tmp_path / "spec")
+    report = diagnose(draft, target, launch=f"vllm serve {draft} --port 8000")
+    assert report.ok, [(c.name, c.detail) for c in report.errors]
+    checks = {c.name: c for c in report.checks}
+    assert checks["launch form"].status == "ok" and "org/target" in checks["launch form"].detail
+    assert checks["draft steps"].detail.startswith("3 tokens")
+    assert checks["target model"].status == "warn" and "from the Hub" in checks["target model"].detail
+    assert shlex.split(report.launch_command) == ["vllm", "serve", str(draft), "--port", "8000"]
+
+
+def test_vllm_serve_export_keeps_the_users_token_count_and_warns_on_locked_fields(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    own = json.dumps({"method": "eagle", "num_speculative_tokens": 5})
+    report = diagnose(draft, launch=f"vllm serve {draft} -sc {shlex.quote(own)}")
+    assert report.ok, report.errors
+    checks = {c.name: c for c in report.checks}
+    assert checks["algorithm"].detail == "eagle3" and checks["draft steps"].detail.startswith("5 tokens")
+    assert checks["speculative config"].status == "warn" and "'eagle' is ignored" in checks["speculative config"].detail
+    fixed = shlex.split(report.launch_command)
+    assert fixed[:3] == ["vllm", "serve", str(draft)] and json.loads(fixed[-1]) == {"num_speculative_tokens": 5}
+
+
+def test_vllm_serve_export_without_proposal_methods_is_refused(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec")
+    config = json.loads((draft / "config.json").read_text())
+    del config["speculators_config"]["proposal_methods"]
+    (draft / "config.json").write_text(json.dumps(config))
+    report = diagnose(draft, launch=f"vllm serve {draft}")
+    assert "speculators config" in {c.name for c in report.errors}
+
+
+def test_vllm_serve_export_with_a_local_verifier_suggests_serving_it_explicitly(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec", verifier="/models/t")
+    report = diagnose(draft, launch=f"vllm serve {draft} --port 8000")
+    assert "verifier" in {c.name for c in report.errors}
+    fixed = shlex.split(report.launch_command)
+    assert fixed[:3] == ["vllm", "serve", "/models/t"] and "--port" in fixed
+    assert json.loads(fixed[-1]) == {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
+
+
+def test_vllm_serve_export_refuses_short_flags_and_keeps_other_speculative_keys(tmp_path: Path) -> None:
+    # vLLM 0.33 fills method/model/tokens from the export first, then refuses --spec-* as duplicates
+    draft = write_speculators_export(tmp_path / "spec")
+    report = diagnose(draft, launch=f"vllm serve {draft} --spec-tokens 5")
+    assert "speculative config" in {c.name for c in report.errors}
+    own = json.dumps({"model": "/elsewhere", "attention_backend": "FLASH_ATTN"})
+    report = diagnose(draft, launch=f"vllm serve {draft} --tokenizer /tok -sc {shlex.quote(own)}")
+    assert report.ok and {c.name: c.status for c in report.checks}["tokenizer"] == "warn"
+    fixed = shlex.split(report.launch_command)
+    assert "--tokenizer" not in fixed and json.loads(fixed[-1]) == {"attention_backend": "FLASH_ATTN"}
+
+
+def test_vllm_serve_export_takes_a_bare_hub_id_as_vllm_does(tmp_path: Path) -> None:
+    draft = write_speculators_export(tmp_path / "spec", verifier="gpt2")  # huggingface_hub's validate_repo_id passes it
+    report = diagnose(draft, launch=f"vllm serve {draft}")
+    assert "verifier" not in {c.name for c in report.checks}
+
+
+def named(report, name: str):  # type: ignore[no-untyped-def]
+    return [c for c in report.checks if c.name == name]
+
+
+def test_a_glm5_target_is_judged_by_deepseeks_rule_not_plus_one(tmp_path: Path) -> None:
+    # SGLang 0.5.23's GlmMoeDsaForCausalLM inherits DeepSeek's rule: ids not starting at 1 are kept as they are
+    target = write_target(tmp_path / "glm5", architectures=["GlmMoeDsaForCausalLM"])
+    trained = {"aux_layer_inputs": [3, 5, 6]}
+    right = write_sglang_export(tmp_path / "right", config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 5, 6]},
+                                                           "curator": trained})
+    assert [c.status for c in named(diagnose(right, target), "aux layers (SGLang)")] == ["ok"]
+    # what the old export wrote for it (one lower, as for Llama): SGLang serves layers [2, 4, 5]
+    old = write_sglang_export(tmp_path / "old", config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]},
+                                                       "curator": trained})
+    [check] = named(diagnose(old, target), "aux layers (SGLang)")
+    assert check.status == "error" and "[2, 4, 5]" in check.detail
+
+
+def test_a_target_class_sglang_does_not_know_is_an_error_not_an_assumption(tmp_path: Path, good_draft: Path) -> None:
+    target = write_target(tmp_path / "new", architectures=["BrandNewForCausalLM"])
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
+    [check] = named(report, "aux layers served")
+    assert check.status == "error" and "not in SGLang 0.5.23's model registry" in check.detail
+    assert not report.ok
+
+
+def test_a_diverged_draft_is_not_ready_to_serve(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "nan")
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["fc.weight"][0, 0] = float("nan")
+    save_file(tensors, str(draft / "model.safetensors"))
+    report = diagnose(draft, target, launch=sglang_cmd(target, draft))
+    [check] = named(report, "weight values")
+    assert check.status == "error" and "fc.weight" in check.detail and not report.ok
+
+
+def test_a_draft_on_four_layers_with_its_count_written_passes(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "four", fc_in=4 * H, config={
+        "num_aux_hidden_states": 4, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]},
+        "eagle_aux_hidden_state_layer_ids": [2, 3, 4, 5], "curator": {"aux_layer_inputs": [2, 3, 4, 5]}})
+    report = diagnose(draft, target, launch=sglang_cmd(target, draft))
+    assert report.ok, [c for c in report.checks if c.status == "error"]
