@@ -140,7 +140,7 @@ def test_chat_mode_stores_the_engines_answers(target_server: VllmServer, demo: P
     rows built from them start with the prompt ids the engine itself rendered."""
     from transformers import AutoTokenizer
 
-    from training.chat_tokens import tokenize_rows
+    from training.records.chat_tokens import tokenize_rows
 
     out = tmp_path / "gen-chat"
     run_generate("--mix", str(mix), "--out", str(out), "--endpoint", target_server.url, "--model", "target",
@@ -171,7 +171,7 @@ def test_sigkill_mid_run_resumes_with_every_id_once(target_server: VllmServer, d
                                                     tmp_path: Path) -> None:
     """`curator generate` killed with SIGKILL while the real engine answers, then run again: every mix
     id exactly once, each a token record."""
-    from curator.mix.schema import open_mix
+    from curator.rows.schema import open_mix
 
     big = write_mix(tmp_path / "big", rows=12)
     ids = sorted(r.id for r in open_mix(big).rows())
