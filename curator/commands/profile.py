@@ -36,9 +36,15 @@ def profile_command(
         retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
         client = make_client(llm, model, base_url, retry=retry)  # a missing key fails before the traffic is read
     with progress() as bar:
-        task = bar.add_task("profiling", total=None)
+        tasks = []  # added with the first rows read: an input refused before any draws no `0/?` bar
+
+        def advance(n: int) -> None:
+            if not tasks:
+                tasks.append(bar.add_task("profiling", total=None))
+            bar.update(tasks[0], completed=n)
+
         profile = build_profile(traffic, tokenizer=tokenizer, llm=client, llm_max=llm_max, seed=seed,
-                                progress=lambda n: bar.update(task, completed=n))
+                                progress=advance)
     write_profile(profile, out)
     render(profile.model_dump(mode="json"), out)
 

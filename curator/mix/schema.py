@@ -378,6 +378,15 @@ def _load_manifest(root: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        from curator.mix.publish import foreign_entries  # publish reads this module's names
+
+        foreign = foreign_entries(root)
+        if foreign:  # not a mix at all (a sources folder, say): build-mix would refuse it as --out
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise ConfigError(
+                f"{root} is not a mix (it holds {shown}, and no {MANIFEST}); build one into a new folder with "
+                "`curator build-mix --recipe RECIPE.yaml --out MIX` and pass --mix MIX"
+            ) from None
         raise ConfigError(
             f"{root} holds no finished mix (no {MANIFEST}: the build was interrupted or never ran); {_rebuild_hint(root)}"
         ) from None
