@@ -84,6 +84,21 @@ def test_a_failed_train_into_an_existing_folder_keeps_the_folder_and_what_is_in_
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
+def test_a_train_refused_for_its_eval_store_or_batch_size_writes_no_run_folder(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_trainer import make_store
+
+    store = make_store(tiny_target, tmp_path / "store", n=8)
+    common = [f"data={store}", f"target={tiny_target}", "device=cpu", "draft_vocab_size=128"]
+    out = tmp_path / "run-a"
+    assert main(["train", *common, f"eval_data={tmp_path / 'no-eval-states'}", f"out={out}"]) == 1
+    assert "no-eval-states" in capsys.readouterr().err and not out.exists()
+    out = tmp_path / "run-b"
+    assert main(["train", *common, "global_batch_size=64", "micro_batch_size=8", f"out={out}"]) == 1
+    assert "fewer than global_batch_size" in capsys.readouterr().err and not out.exists()
+
+
 # ------------------------------------------------------------------ advice that works
 
 
