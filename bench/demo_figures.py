@@ -11,7 +11,11 @@ that a change in what the demo learns fails a test until the demo is run again:
 
 then the README's demo paragraph takes the new figures (`tests/test_first_hour_readme.py` says
 which differ). Every demo stage is seeded and runs torch on one thread, so a run gives the same
-figures on any machine; only the wall time depends on the machine and its load.
+figures wherever the environment is the lock (constraints.txt, `bench/lock.py`) and torch's CPU
+kernels take the same vector path (AVX2 here: `torch.backends.cpu.get_cpu_capability()`); other
+releases of the dependencies or another CPU can move the last digit. So the suite holds its quick
+run to the recorded digits only under the lock, and everywhere to what the demo must achieve
+(`shortfalls`). Only the wall time depends on the machine's load.
 """
 
 from __future__ import annotations
@@ -37,6 +41,23 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
         "acceptance traffic-weighted": round(report["acceptance_length_traffic"], 2),
         "tool calls written": generate["tool calls written"],
     }
+
+
+# What the quick demo must achieve under any release of its dependencies: its draft was trained, so
+# it is accepted well above the 1.0 of no draft (the recorded run: 1.60 measured, 1.49 weighted),
+# and the offline simulation tracks real decoding (1.65 against 1.60).
+QUICK_FLOORS = {"acceptance measured": 1.45, "acceptance traffic-weighted": 1.35}
+SIMULATED_GAP = 0.2
+
+
+def shortfalls(figures: dict[str, Any], floors: dict[str, float] = QUICK_FLOORS) -> list[str]:
+    """Return what a demo run's figures fall short of (empty when it achieves all of it)."""
+    short = [f"{name} {figures[name]} < {floor}" for name, floor in floors.items() if figures[name] < floor]
+    gap = abs(figures["acceptance simulated"] - figures["acceptance measured"])
+    if gap > SIMULATED_GAP:
+        short.append(f"simulated {figures['acceptance simulated']} is {gap:.2f} from measured "
+                     f"{figures['acceptance measured']} (at most {SIMULATED_GAP})")
+    return short
 
 
 def readme_figures(text: str) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def torchrun(nproc: int, *args: str) -> list[str]:
 
 def capture_rank(argv: list[str]) -> int:
     """One torchrun rank of the capture; prints its pinned host memory as torch reports it."""
-    from training import hidden_states
+    from training.capture import hidden_states
 
     code = hidden_states.main(argv)
     stats = torch.cuda.host_memory_stats() if torch.cuda.is_available() else {}
@@ -83,7 +83,7 @@ def run_capture(nproc: int, target: Path, gen: Path, out: Path, kill_at_first_sh
 
 
 def check_index(store_dir: Path, gen_ids: set[str]) -> dict[str, Any]:
-    from training.store import HiddenStateStore, read_index
+    from training.storage.store import HiddenStateStore, read_index
 
     entries, skipped = read_index(store_dir)
     stored = HiddenStateStore.open(store_dir)
@@ -96,8 +96,8 @@ def check_index(store_dir: Path, gen_ids: set[str]) -> dict[str, Any]:
 def train_cmd(nproc: int | None, config: Path, out: Path, *extra: str) -> list[str]:
     args = ["--config", str(config), f"out={out}", *extra]
     if nproc is None:
-        return [sys.executable, "-m", "training.trainer", *args]
-    return torchrun(nproc, "-m", "training.trainer", *args)
+        return [sys.executable, "-m", "training.train.trainer", *args]
+    return torchrun(nproc, "-m", "training.train.trainer", *args)
 
 
 def read_metrics(run: Path) -> list[dict[str, Any]]:

@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from curator.generate import GenerateConfig, generate  # noqa: E402
-from curator.generate.client import OpenAIBackend, SamplingParams  # noqa: E402
-from curator.mix.schema import SCHEMA, write_tables  # noqa: E402
+from curator.engines.sampling import SamplingParams  # noqa: E402
+from curator.generate.client import OpenAIBackend  # noqa: E402
+from curator.mix.publish import write_tables  # noqa: E402
+from curator.rows.schema import SCHEMA  # noqa: E402
 
 SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
 

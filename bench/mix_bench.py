@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.mix import build_mix, recipe_from_dict
-from curator.mix.dedup import Deduper, normalise_text
+from curator.mix.dedup import Deduper
+from curator.rows.shingles import normalise_text
 from curator.traffic.features import BUCKETS, FEATURE_METHOD, distribution
 from curator.traffic.profile import write_profile as save_profile
 from curator.traffic.schema import CategoryShare, Features, Profile, SparseCounts

@@ -8,9 +8,9 @@ is right about as often as a weak real draft. Per prompt: the target's greedy co
 hidden states from one forward, kept in float32 (what decoding sees) and rounded to bf16 (what a store
 keeps); then
 
-  measured   training.evaluate.speculative_decode with the draft (the target verifies)
-  simulated  training.simulate.simulate_acceptance on the stored continuations (timed)
-  teacher    training.objective.offline_metrics, the teacher-forced estimate (timed)
+  measured   training.eval.decode.speculative_decode with the draft (the target verifies)
+  simulated  training.eval.simulate.simulate_acceptance on the stored continuations (timed)
+  teacher    training.eagle3.objective.offline_metrics, the teacher-forced estimate (timed)
 
     PYTHONPATH=. python bench/simulate_bench.py                 # hidden 256, 4 layers, 48 prompts
     PYTHONPATH=. python bench/simulate_bench.py --topk 4 --num-draft-tokens 8
@@ -33,13 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from training.draft import DraftConfig, Eagle3Draft  # noqa: E402
-from training.evaluate import DraftProposer, greedy_decode, load_target, render_prompt, speculative_decode  # noqa: E402
-from training.objective import offline_metrics  # noqa: E402
-from training.simulate import simulate_acceptance  # noqa: E402
-from training.store import HiddenStateSample  # noqa: E402
-from training.target_head import TargetHead  # noqa: E402
-from training.toy_target import build_target  # noqa: E402
+from training.eagle3.model import DraftConfig, Eagle3Draft  # noqa: E402
+from training.eval.decode import DraftProposer, greedy_decode, load_target, render_prompt, speculative_decode  # noqa: E402
+from training.eagle3.objective import offline_metrics  # noqa: E402
+from training.eval.simulate import simulate_acceptance  # noqa: E402
+from training.storage.store import HiddenStateSample  # noqa: E402
+from training.target.head import TargetHead  # noqa: E402
+from training.target.toy import build_target  # noqa: E402
 
 WORDS = ("def return import class self value list dict print for while if else try except lambda yield "
          "with open file read write path json data model token layer hidden state draft target").split()

@@ -12,15 +12,15 @@ FLOPs (forward + backward over all TTT steps, attention counted as the full scor
 steps >= 1) plus the target head's forward, per useful token, for both paths alike.
 
 Paths: `old` is the padded path exactly as it ran before (fp32 host batch copied in the step,
-TTTObjective, foreach AdamW, a loss read back every step); `new` is what training.trainer runs
+TTTObjective, foreach AdamW, a loss read back every step); `new` is what training.train.trainer runs
 now (packed rows, PackedTTTObjective, pinned host batch copied on a side stream one step ahead,
-fused AdamW, no host sync in the step); `compiled` is `new` with training.kernels enabled
+fused AdamW, no host sync in the step); `compiled` is `new` with training.eagle3.kernels enabled
 (torch.compile'd RMSNorm and soft cross-entropy rows), as the trainer runs on CUDA when they
-compile and work there (training.kernels.enable_if_working); `new` keeps them off.
+compile and work there (training.eagle3.kernels.enable_if_working); `new` keeps them off.
 
 --all adds: `check` (on the GPU, old and new path in bf16 against the old path in float32 on
 packed samples of several lengths: loss and gradient errors); `profile` (torch.profiler of one
-step per path, GPU time sorted into the phases of training.profiling plus backward kinds,
+step per path, GPU time sorted into the phases of training.runtime.profiling plus backward kinds,
 host-to-device copy, optimizer and idle gaps, each with its share of the step and its own
 fraction of peak); `real` (lengths like a real mix, mean ~2.1K with a tail past 16K, as the
 trainer batches them: old = padded micro-batches of micro_batch_size, new = packed; useful
@@ -46,18 +46,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 from bench.simulate_bench import MemoryStates  # noqa: E402
 
-from training.batches import Batch, Prefetcher, epoch_batches, load_batch  # noqa: E402
-from training import kernels  # noqa: E402
-from training.draft import DraftConfig, Eagle3Draft  # noqa: E402
-from training.objective import (  # noqa: E402
+from training.feed.batches import Batch, Prefetcher, epoch_batches, load_batch  # noqa: E402
+from training.eagle3 import kernels  # noqa: E402
+from training.eagle3.model import DraftConfig, Eagle3Draft  # noqa: E402
+from training.eagle3.objective import (  # noqa: E402
     N_SUMS, PackedTTTObjective, TTTObjective, packed_call, packed_target_signals, step_counts, target_signals,
 )
-from training.packing import DeviceCopier, from_padded, pack_samples, plan_micro_batches  # noqa: E402
-from training.profiling import PREFIX, phase  # noqa: E402
-from training.store import HiddenStateSample  # noqa: E402
-from training.target_head import TargetHead  # noqa: E402
+from training.feed.packing import DeviceCopier, from_padded, pack_samples, plan_micro_batches  # noqa: E402
+from training.runtime.profiling import PREFIX, phase  # noqa: E402
+from training.storage.store import HiddenStateSample  # noqa: E402
+from training.target.head import TargetHead  # noqa: E402
 
-PATHS = ("old", "new", "compiled")  # compiled: new + training.kernels (torch.compile'd RMSNorm and soft CE)
+PATHS = ("old", "new", "compiled")  # compiled: new + training.eagle3.kernels (torch.compile'd RMSNorm and soft CE)
 
 
 class Shape(NamedTuple):  # not a dataclass: the tests load this file without registering a module

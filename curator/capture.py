@@ -15,11 +15,11 @@ from typing import Any
 
 from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
-from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
-from training.hidden_states import ExtractStats, merge_index, store_meta
-from training.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
-from training.store import StoreMeta, claim_store, read_index
-from training.target_config import read_target_config
+from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
+from training.capture.hidden_states import ExtractStats, merge_index, store_meta
+from training.capture.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
+from training.storage.store import StoreMeta, claim_store, read_index
+from training.target.config import read_target_config
 
 BACKENDS = ("transformers", "vllm")
 DTYPES = ("bf16", "fp8")
@@ -122,7 +122,7 @@ def capture_hidden_states(
         on_total(total)
     advance = on_samples or (lambda _n: None)
     if s.backend == "transformers":
-        from training.hidden_states import run
+        from training.capture.hidden_states import run
 
         return run(local, s.data, s.out, layer_ids=meta.aux_layer_ids, dtype=s.dtype, has_final=s.has_final,
                    max_len=s.max_len, batch_tokens=s.batch_tokens, read_stats=read,

@@ -5,7 +5,7 @@ The costly failure this exists for: SGLang started with `--speculative-algorithm
 of `EAGLE3` captures no aux layers and hands the draft the target's H-wide final states; the
 draft applies `fc` only when the incoming width differs from its embedding width, so `fc` is
 silently skipped, nothing crashes, and acceptance collapses to ~1. What a layout is comes from
-training/layouts/ and what an engine reads from curator/engines/: nothing here re-derives either.
+training/eagle3/layouts/ and what an engine reads from curator/engines/: nothing here re-derives either.
 Nothing is loaded onto a device; the weights are read once, one tensor at a time.
 """
 
@@ -15,54 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
 
 from curator.engines import ENGINE_OF_LAYOUT, parse_launch, vllm
 from curator.engines.launch import Check, LaunchSpec, int_or_none
+from curator.engines.draft import DraftLayout, read_draft, safetensors_files
 from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
 from training.errors import ModelMismatchError
-from training.layouts import LAYOUTS, Layout, layout_of
-from training.target_config import read_target_config
+from training.eagle3.layouts import LAYOUTS, Layout, layout_of
+from training.target.config import read_target_config
 
 __all__ = ["Check", "DoctorReport", "DraftLayout", "LaunchSpec", "check_launch", "diagnose", "parse_launch", "read_draft",
            "suggested_launch"]
-
-@dataclass
-class DraftLayout:
-    """What an export directory holds: its layout (None: not one the toolkit knows), config and tensor shapes."""
-
-    path: Path
-    layout: Layout | None
-    config: dict[str, Any]
-    shapes: dict[str, tuple[int, ...]]
-
-    @property
-    def fmt(self) -> str:
-        return self.layout.name if self.layout else "unknown"
-
-    @property
-    def decoder_config(self) -> dict[str, Any]:
-        """Return the config block that describes the draft's decoder layer."""
-        return self.layout.decoder_config(self.config) if self.layout else {}
-
-    @property
-    def hidden_size(self) -> int | None:
-        return int_or_none(self.decoder_config.get("hidden_size"))
-
-    @property
-    def vocab_size(self) -> int | None:
-        return int_or_none(self.decoder_config.get("vocab_size"))
-
-    @property
-    def draft_vocab_size(self) -> int | None:
-        return int_or_none(self.config.get("draft_vocab_size"))
-
-    @property
-    def aux_layer_ids(self) -> list[int] | None:
-        """Return the aux layer ids written for the layout's main reader, in its numbering, or None."""
-        return self.layout.written_layer_ids(self.config) if self.layout else None
-
 
 @dataclass
 class DoctorReport:
@@ -78,45 +42,6 @@ class DoctorReport:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-def read_draft(path: str | Path) -> DraftLayout:
-    """Return the layout of an export directory (config.json + *.safetensors headers)."""
-    import json
-
-    root = Path(path)
-    if not root.is_dir():
-        raise ConfigError(f"draft directory {root} does not exist (give the output of `curator export`)")
-    config_path = root / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{config_path} is missing: {root} is not an exported draft") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{config_path} is not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{config_path} is not a JSON object: {root} is not an exported draft")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file, handle in _safetensors(root):
-        for key in handle.keys():
-            shapes[key] = tuple(handle.get_slice(key).get_shape())
-    if not shapes:
-        raise ConfigError(f"no *.safetensors weights in {root}")
-    try:
-        layout: Layout | None = layout_of(config)
-    except ModelMismatchError:
-        layout = None
-    return DraftLayout(path=root, layout=layout, config=config, shapes=shapes)
-
-
-def _safetensors(root: Path) -> Any:
-    """Yield (file, open handle) for each *.safetensors file; an unreadable one is a ConfigError."""
-    for file in sorted(root.glob("*.safetensors")):
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                yield file, handle
-        except (OSError, SafetensorError) as exc:
-            raise ConfigError(f"{file} is not a readable safetensors file ({exc}); was it copied completely?") from None
 
 
 def check_layout(layout: DraftLayout) -> list[Check]:
@@ -216,11 +141,11 @@ def _check_values(layout: DraftLayout, dvocab: int, vocab: int) -> list[Check]:
     """Return checks of the weights' values: all finite, d2t [draft_vocab] mapping into the target's vocabulary."""
     import torch  # here, not at the top: a usage error of `curator doctor` loads no torch
 
-    from training.draft_weights import nonfinite_tensors, vocab_map_problem
+    from training.eagle3.weights import nonfinite_tensors, vocab_map_problem
 
     bad: list[str] = []
     maps: dict[str, torch.Tensor] = {}
-    for _, handle in _safetensors(layout.path):
+    for _, handle in safetensors_files(layout.path):
         for key in handle.keys():
             tensor = handle.get_tensor(key)  # one at a time: a large draft's weights never all in memory
             bad += nonfinite_tensors({key: tensor})
@@ -375,7 +300,7 @@ def diagnose(draft: str | Path, target: str | Path | None = None, store: str | P
         checks.extend(check_target(layout, target_config))
     if store is not None:
         from training.errors import StoreError
-        from training.store import HiddenStateStore
+        from training.storage.store import HiddenStateStore
 
         try:
             meta = HiddenStateStore.open(store).meta

@@ -20,7 +20,7 @@ says so and extrapolates nothing.
 
 The cost: target tokens per sample (prompt + answer, per category) and answer tokens from a
 `curator generate` output, GPU-hours at that run's measured output tokens/s, disk at the planned
-bytes per token of the target's hidden-state store (training/plan.py). Break-even: one
+bytes per token of the target's hidden-state store (training/capture/plan.py). Break-even: one
 speculative cycle (K draft steps plus one verify forward) costs `c` plain decode steps and yields
 AL tokens, so speculation pays only when AL > c; `curator bench-serve`'s report gives
 c = AL / speedup per concurrency.
@@ -245,8 +245,8 @@ class GenerationCost:
 
 def generation_cost(gen_dir: str | Path, gpus: int = 1, tokens_per_s: float | None = None) -> GenerationCost:
     """Return the per-category token figures of a `curator generate` output and its measured throughput."""
-    from training.chat_tokens import MalformedRecordError, iter_generation, tokenize_rows
-    from training.plan import record_length
+    from training.records.chat_tokens import MalformedRecordError, iter_generation, tokenize_rows
+    from training.capture.plan import record_length
 
     gen_dir = Path(gen_dir)
     meta_path = gen_dir / "generation.json"
@@ -304,10 +304,10 @@ def category_cost(samples: float, category: str, gen: GenerationCost, bytes_per_
 
 
 def store_bytes_per_token(target: str | Path, dtype: str = "bf16", n_aux: int = 3, has_final: bool = True) -> int:
-    """Return the planned store bytes per token for the target's shape (training/plan.py's bill)."""
+    """Return the planned store bytes per token for the target's shape (training/capture/plan.py's bill)."""
     from training.errors import TrainingError
-    from training.plan import load_shape
-    from training.store import bytes_per_token
+    from training.capture.plan import load_shape
+    from training.storage.store import bytes_per_token
 
     try:
         shape = load_shape(target)
@@ -368,7 +368,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     """Write a read-only view of a hidden-state store holding only `ids` (its own meta and index,
     the shards linked, never copied); return its directory. `entries`: the store's index entries
     when the caller already read them."""
-    from training.store import atomic_write_json, read_index
+    from training.storage.store import atomic_write_json, read_index
 
     src, out = Path(store_dir).resolve(), Path(out)
     if entries is None:
@@ -397,8 +397,8 @@ def run_point(run_dir: str | Path) -> tuple[dict[str, int], dict[str, float], in
     """Return (training samples per category, acceptance per category, chain length K) of a finished
     `curator train` run: a `curator eval --json` report saved as RUN/eval.json (measured) when
     present, else the simulated per-category acceptance of the run's final evaluation."""
-    from training.batches import training_ids
-    from training.store import read_index
+    from training.feed.batches import training_ids
+    from training.storage.store import read_index
 
     run = Path(run_dir)
     try:
@@ -517,10 +517,10 @@ def train_nested(
     samples: `eval_store`, or a hashed 5% of `store` set apart once for every subset.
 
     `on_metrics(fraction)` returns the trainer's metrics callback for that subset's run (a progress bar)."""
-    from training.batches import split_eval
-    from training.store import read_index
-    from training.train_config import TrainConfig
-    from training.trainer import train
+    from training.feed.batches import split_eval
+    from training.storage.store import read_index
+    from training.train.config import TrainConfig
+    from training.train.trainer import train
 
     out = Path(out)
     entries, _ = read_index(Path(store))

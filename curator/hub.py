@@ -32,7 +32,7 @@ import httpx
 
 from curator import http
 from curator.errors import HubError
-from training.atomic import write_json
+from training.io.atomic import write_json
 
 VIEWER_URL_ENV = "CURATOR_VIEWER_URL"
 DEFAULT_VIEWER_URL = "https://datasets-server.huggingface.co"

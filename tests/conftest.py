@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.toy_target import build_target
+from training.target.toy import build_target
 
 # The suite's models are tiny, so every op is per-call overhead, and a second thread only waits for
 # a core on a busy CI machine (the demo target's train step: 3.0-3.8 s on 2 threads against
@@ -49,6 +49,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def target(tiny_target: Path):
     """The tiny target loaded as (model, tokenizer), on the one thread set above. A module may define
     its own `target`."""
-    from training.evaluate import load_target
+    from training.eval.decode import load_target
 
     return load_target(tiny_target)

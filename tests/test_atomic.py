@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training import atomic
+from training.io import atomic
 
 
 def test_writes_replace_whole_files_and_create_parents(tmp_path: Path) -> None:

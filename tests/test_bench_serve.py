@@ -146,9 +146,9 @@ def test_sglang_prompts_are_rendered_with_the_targets_chat_template(tiny_target:
 def test_a_mix_with_the_draft_sends_only_the_rows_it_never_trained_on(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from curator.mix.schema import write_tables
+    from curator.mix.publish import write_tables
     from curator.serve_bench.prompts import load_bench_prompts
-    from training.batches import split_eval
+    from training.feed.batches import split_eval
 
     mix = tmp_path / "mix"
     ids = [f"row-{i}" for i in range(40)]

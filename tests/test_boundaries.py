@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from training.gen_record import RECORD_FORMAT, record_problem
+from training.records.gen_record import RECORD_FORMAT, record_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def test_training_never_imports_curator() -> None:
 
 def test_generation_records_carry_their_version_and_another_version_is_refused() -> None:
     from curator.generate.conversation import Regenerated, output_record
-    from curator.mix.schema import MixRow
+    from curator.rows.schema import MixRow
 
     row = MixRow(id="r1", source="s", category="chat", messages=[{"role": "user", "content": "hi"}])
     answered = Regenerated(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", "train": True}],

@@ -16,7 +16,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from training.chat_tokens import MalformedRecordError, render, template_messages, template_options, tokenize_rows
+from training.records.chat_tokens import MalformedRecordError, render, template_messages, template_options, tokenize_rows
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from test_trainer import one_thread, sharp_target, store_dir, tiny_config  # noqa: F401  (fixtures)
-from training.trainer import train, train_local_ranks
+from training.train.trainer import train, train_local_ranks
 
 # Same global batch, same samples per step: only the order of floating-point sums differs
 # (per-rank partial sums, then the all-reduce), so losses agree to float32 rounding.

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.demo_figures import RECORD, run_figures
+from bench.demo_figures import RECORD, run_figures, shortfalls
+from bench.lock import under_lock
 from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
-from curator.mix.schema import MANIFEST, open_mix
-from training.store import HiddenStateStore
+from curator.rows.schema import MANIFEST, open_mix
+from training.storage.store import HiddenStateStore
 
 
 @pytest.mark.slow
@@ -60,13 +61,17 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     report = json.loads((work / "eval.json").read_text())
     assert report["prompts_decoded"] == len(heldout) and report["acceptance_length"] >= 1.0
     assert report["prompts"].endswith(".heldout") and report["traffic_weighted"]["acceptance_length"] >= 1.0
-    # The demo is seeded and runs on one thread: it learns what the recorded quick run learnt, or
-    # the code changed what it learns and the README's figures of the default run are stale too.
-    recorded = json.loads(RECORD.read_text())["quick"]
+    # Under any release of its dependencies the demo's draft is accepted well above no draft, and
+    # the offline simulation tracks real decoding.
     figures = run_figures(json.loads((work / "report.json").read_text()))
-    assert figures == {k: v for k, v in recorded.items() if k in figures}, (
-        "the demo's figures changed: run the default and quick demos again and update "
-        "bench/results/demo-figures.json and the README (bench/demo_figures.py says how)")
+    assert not shortfalls(figures), shortfalls(figures)
+    # The demo is seeded and runs on one thread: under the lock it learns what the recorded quick
+    # run learnt, or the code changed what it learns and the README's figures are stale too.
+    if under_lock():
+        recorded = json.loads(RECORD.read_text())["quick"]
+        assert figures == {k: v for k, v in recorded.items() if k in figures}, (
+            "the demo's figures changed: run the default and quick demos again and update "
+            "bench/results/demo-figures.json and the README (bench/demo_figures.py says how)")
     html = (work / "report.html").read_text()
     assert html.count("<img") == 3 and "acceptance" in html.lower()
 
@@ -110,7 +115,7 @@ def test_the_target_stage_shows_progress_and_runs_torch_on_one_thread(
     from rich.console import Console
 
     import curator.ui as ui
-    import training.toy_target as toy_target
+    import training.target.toy as toy_target
 
     screen = io.StringIO()
     monkeypatch.setattr(ui, "console", Console(file=screen, force_terminal=True, width=100))

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from training.draft import DraftConfig, Eagle3Draft, KVCache, TTTCache
+from training.eagle3.model import DraftConfig, Eagle3Draft, KVCache, TTTCache
 from training.errors import ModelMismatchError
-from training.target_head import TargetHead, load_embeddings, load_lm_head
+from training.target.head import TargetHead, load_embeddings, load_lm_head
 
 CFG = dict(hidden_size=32, target_hidden_size=24, num_attention_heads=4, num_key_value_heads=2,
            intermediate_size=64, vocab_size=100, draft_vocab_size=50)

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import toy_corpus
 from curator.traffic.schema import Profile
-from curator.traffic.weighting import brief_groups
+from curator.evaluation.weighting import brief_groups
 from test_evaluate import STEPS, export_random_draft, write_mix, write_store
-from training.simulate import AcceptanceStats, traffic_weighted
+from training.eval.simulate import AcceptanceStats, traffic_weighted
 
 
 def stats(accepted: list[int]) -> AcceptanceStats:

@@ -15,9 +15,9 @@ from safetensors import safe_open
 
 from test_trainer import AUX_LAYERS, one_thread, sharp_target, store_dir, tiny_config  # noqa: F401  (fixtures)
 from training.errors import TrainingError
-from training.export import export_checkpoint, load_draft
-from training.checkpoint import load_checkpoint_draft
-from training.trainer import train
+from training.export.export import export_checkpoint, load_draft
+from training.train.checkpoint import load_checkpoint_draft
+from training.train.trainer import train
 
 LAYER = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
          "mlp.up_proj", "mlp.down_proj", "input_layernorm", "hidden_norm", "post_attention_layernorm"]
@@ -199,13 +199,13 @@ def replace(src, dst, *args, **kwargs):
     if str(dst).endswith(".old"):
         os.kill(os.getpid(), signal.SIGKILL)
 os.replace = replace
-from training.export import export_checkpoint
+from training.export.export import export_checkpoint
 export_checkpoint(sys.argv[1], sys.argv[2], fmt=sys.argv[3])
 """
 
 
 def test_an_export_killed_between_its_two_renames_keeps_the_earlier_export(run_dir: Path, tmp_path: Path) -> None:
-    from training.export import _sweep_stale
+    from training.export.export import _sweep_stale
 
     out = export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     before = (out / "config.json").read_text()
@@ -226,7 +226,7 @@ def test_an_export_killed_between_its_two_renames_keeps_the_earlier_export(run_d
 
 
 def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(run_dir: Path, tmp_path: Path) -> None:
-    from training.outlock import OutputBusyError, OutputLock
+    from training.io.outlock import OutputBusyError, OutputLock
 
     with OutputLock(tmp_path, ".draft.export.lock", "curator export"):  # a live export of tmp_path/draft
         with pytest.raises(OutputBusyError, match="being written by another curator export"):

@@ -13,7 +13,7 @@ import torch
 from curator import forecast as fc
 from curator.cli import main
 from curator.errors import ConfigError
-from training.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
+from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
 
 
 def loglinear(ns, a=1.2, b=0.15, wiggle=(0.004, -0.006, 0.005, -0.003)):
@@ -180,7 +180,7 @@ def test_forecast_trains_nested_drafts_from_a_store_then_reads_the_same_runs_bac
 
 def test_a_run_is_credited_with_the_ids_the_trainer_took_in_the_store_s_order() -> None:
     # capture order is not sorted order: max_train_samples cuts the store's own order, as the trainer does
-    from training.batches import split_eval, training_ids
+    from training.feed.batches import split_eval, training_ids
 
     store_ids = [f"s{i:03d}" for i in range(200)][::-1]
     train, held = training_ids(store_ids, separate_eval=False, eval_fraction=0.1, eval_max_samples=None,

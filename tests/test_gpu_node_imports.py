@@ -39,8 +39,8 @@ def _import_without_data_side(modules: list[str]) -> subprocess.CompletedProcess
 @pytest.mark.slow
 def test_gpu_stages_import_without_the_data_side_libraries() -> None:
     done = _import_without_data_side([
-        "curator.mix.schema", "curator.mix.prompts", "curator.generate", "curator.capture",
-        "bench.reference.run", "training.trainer", "training.export", "training.simulate",
+        "curator.rows.schema", "curator.mix.prompts", "curator.generate", "curator.capture",
+        "bench.reference.run", "training.train.trainer", "training.export.export", "training.eval.simulate",
     ])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
@@ -54,7 +54,7 @@ def test_the_blocker_does_block() -> None:
 def test_the_package_names_still_resolve_lazily() -> None:
     import curator.mix as mix
     from curator.mix.build import build_mix
-    from curator.mix.schema import open_mix
+    from curator.rows.schema import open_mix
 
     assert mix.build_mix is build_mix and mix.open_mix is open_mix
     assert set(mix.__all__) >= {"build_mix", "load_recipe", "open_mix", "recipe_from_catalog"}

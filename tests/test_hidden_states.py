@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from training.chat_tokens import GenerationReadStats, iter_generation, tokenize_record, tokenize_rows
-from training.hidden_states import (
+from training.records.chat_tokens import GenerationReadStats, iter_generation, tokenize_record, tokenize_rows
+from training.capture.hidden_states import (
     ExtractStats,
     capture_batch,
     extract,
@@ -20,8 +20,8 @@ from training.hidden_states import (
     merge_index,
     store_meta,
 )
-from training.layers import default_aux_layers
-from training.store import HiddenStateStore
+from training.target.layers import default_aux_layers
+from training.storage.store import HiddenStateStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[An
 
 def test_a_record_split_into_rows_resumes_the_rows_a_kill_left_out(target: tuple[Any, Any]) -> None:
     """Rows of one record land in different shards: a kill can store `q` without `q#1`."""
-    from training.hidden_states import ExtractStats, prepare_samples
+    from training.capture.hidden_states import ExtractStats, prepare_samples
 
     tok2, rec = reasoning_dropping_template(target)
     stats = ExtractStats()
@@ -309,8 +309,8 @@ def test_gpu_bench_logic_runs_tiny_on_cpu(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_async_host_copy_matches_a_plain_copy(dtype: str) -> None:
-    from training.hidden_states import CapturedStates, HostCopier
-    from training.store import StoreMeta, quantize_fp8
+    from training.capture.hidden_states import CapturedStates, HostCopier
+    from training.storage.store import StoreMeta, quantize_fp8
 
     g = torch.Generator(device="cuda").manual_seed(0)
     aux = torch.randn(2, 16, 3 * 32, device="cuda", generator=g, dtype=torch.bfloat16)

@@ -13,9 +13,9 @@ from curator.cli import main
 from curator.hidden_vllm import VllmOptions, extract_vllm, load_final_norm
 from tests.fakes.vllm_server import FakeVllmServer
 from tests.test_hidden_states import conversation, write_gen
-from training.chat_tokens import iter_generation
-from training.hidden_states import extract, load_target, store_meta
-from training.store import HiddenStateStore
+from training.records.chat_tokens import iter_generation
+from training.capture.hidden_states import extract, load_target, store_meta
+from training.storage.store import HiddenStateStore
 
 ENGINE_LAYERS = [1, 2, 3, 4]  # tiny target: default aux [1, 2, 3] + N=4 for the final state
 
@@ -206,3 +206,32 @@ def test_a_path_the_engine_names_outside_its_shared_folder_is_never_read_or_remo
     assert note.read_text() == "keep me" and states.exists()  # nothing outside the folder removed
     assert code == 1 and ("nothing was read or removed" in err or "not read or removed" in err)
     assert "unexpected" not in err
+
+
+def test_the_stand_in_server_never_joins_a_writer_it_has_not_started(
+        tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A writer listed before it was started made __exit__ join it first under load ("cannot join
+    # thread before it is started"); a slow start makes that order happen every time.
+    import threading
+    import time
+
+    written: list[bool] = []
+
+    def write() -> None:
+        written.append(True)
+
+    real_start = threading.Thread.start
+
+    def slow_start(self: threading.Thread) -> None:
+        if getattr(self, "_target", None) is write:
+            time.sleep(0.3)
+        real_start(self)
+
+    server = FakeVllmServer(tiny_target, tmp_path / "shared", ENGINE_LAYERS).__enter__()
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    starter = threading.Thread(target=server.start_writer, args=(write,))
+    real_start(starter)
+    time.sleep(0.05)  # the writer is being started
+    server.__exit__(None, None, None)
+    starter.join()
+    assert written == [True]

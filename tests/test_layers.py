@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from training.errors import ModelMismatchError
-from training.layers import (
+from training.target.layers import (
     check_layer_ids,
     default_aux_layers,
     normalise,
@@ -111,7 +111,7 @@ def test_a_class_without_a_known_rule_is_refused_not_assumed(arch: str | None, w
 
 
 def test_the_rule_table_names_each_registry_class_once_with_a_known_rule() -> None:
-    from training.sglang_rules import RULE_OF_CLASS, SGLANG_CAPTURES_LAST_OUTPUT, SGLANG_RULES
+    from training.target.sglang_rules import RULE_OF_CLASS, SGLANG_CAPTURES_LAST_OUTPUT, SGLANG_RULES
 
     names = [c for classes in SGLANG_RULES.values() for c in classes]
     assert len(names) == len(set(names)) == len(RULE_OF_CLASS) == 290  # SGLang 0.5.23's registry

@@ -15,7 +15,7 @@ from curator.catalog import Catalog
 from curator.cli import main
 from curator.errors import ConfigError
 from curator.mix import build_mix, load_recipe, read_manifest, recipe_from_catalog, recipe_from_dict
-from curator.mix.readers import read_json
+from curator.rows.readers import read_json
 
 WORDS = (
     "parse file buffer thread lock queue socket retry cache index schema migrate token vector "

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from curator.errors import ConfigError
-from curator.mix.formats import (
+from curator.rows.formats import (
     NORMALISERS,
     MalformedRow,
     as_messages,
@@ -288,7 +288,7 @@ def test_keep_responses_keeps_the_whole_conversation():
 def test_build_mix_stores_tools_and_calls_and_counts_rows_with_tools(tmp_path):
     from curator.mix.build import build_mix
     from curator.mix.recipe import recipe_from_dict
-    from curator.mix.schema import open_mix
+    from curator.rows.schema import open_mix
 
     rows = [{**OPENAI_TOOLS, "tools": [{"type": "function", "function": {"name": "ls"}}]}, ULTRACHAT]
     (tmp_path / "src.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")

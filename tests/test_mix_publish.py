@@ -19,7 +19,7 @@ from rich.console import Console
 
 from curator.cli import main
 from curator.mix import build_mix, open_mix, recipe_from_dict
-from curator.mix.formats import ALIASES, NORMALISERS
+from curator.rows.formats import ALIASES, NORMALISERS
 from curator.mix.recipe import load_recipe
 from test_reliability_publish import KILL_AFTER_RENAMES  # SIGKILL after the k-th part rename
 

@@ -8,7 +8,7 @@ import pytest
 
 from curator.errors import ConfigError
 from curator.mix import load_recipe, read_manifest
-from curator.mix.schema import MANIFEST
+from curator.rows.schema import MANIFEST
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 
 from conftest import toy_corpus
-from training.hidden_states import run as capture
-from training.online import OnlineStates
-from training.store import HiddenStateStore
-from training.train_config import TrainConfig
-from training.trainer import train
+from training.capture.hidden_states import run as capture
+from training.capture.online import OnlineStates
+from training.storage.store import HiddenStateStore
+from training.train.config import TrainConfig
+from training.train.trainer import train
 
 
 def write_generation(out: Path, n: int = 24) -> Path:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from curator.cli import app, main
 from training.errors import TrainingError
-from training.plan import load_shape, make_plan, refuse_if_it_will_not_fit
+from training.capture.plan import load_shape, make_plan, refuse_if_it_will_not_fit
 
 KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
         "text_config": {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}}

@@ -116,7 +116,7 @@ def test_hidden_states_on_a_full_disk(tiny_target: Path, tmp_path: Path) -> None
 def test_a_torch_save_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
     # torch.save reports a full disk as RuntimeError("... unexpected pos ..."): the checkpoint
     # writer wraps its save in named_disk_full to say what happened.
-    script = ("import sys, torch; from pathlib import Path; from training.diskspace import named_disk_full\n"
+    script = ("import sys, torch; from pathlib import Path; from training.io.diskspace import named_disk_full\n"
               "d = Path(sys.argv[1])\n"
               "with named_disk_full(d):\n    torch.save({'w': torch.zeros(1 << 18)}, d / 'state.pt')\n")
     disk = tmp_path / "disk"
@@ -128,7 +128,7 @@ def test_a_safetensors_file_cut_short_by_a_full_disk_is_named(tmp_path: Path) ->
     # safetensors' writer reports a full disk as SafetensorError("... (os error 28)"), which is
     # neither an OSError nor a RuntimeError: the stages that save_file (checkpoints) must still say it.
     script = ("import sys, torch; from pathlib import Path; from safetensors.torch import save_file\n"
-              "from training.diskspace import named_disk_full\n"
+              "from training.io.diskspace import named_disk_full\n"
               "d = Path(sys.argv[1])\n"
               "with named_disk_full(d):\n    save_file({'w': torch.zeros(1 << 18)}, str(d / 'model.safetensors'))\n")
     disk = tmp_path / "disk"

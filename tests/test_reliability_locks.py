@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from curator.cli import main
-from curator.mix.schema import MANIFEST
+from curator.rows.schema import MANIFEST
 from fakes.openai_server import FakeOpenAIServer, write_mix
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def test_a_second_hidden_states_run_on_one_out_is_refused_naming_the_pid(
 ) -> None:
     from tests.test_hidden_states import conversation, write_gen
     from training.errors import StoreError
-    from training.store import HiddenStateStore
+    from training.storage.store import HiddenStateStore
 
     gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(40)], per_shard=10)
     store = tmp_path / "store"
@@ -86,7 +86,7 @@ def test_a_dead_writers_lock_is_taken_over(tiny_target: Path, tmp_path: Path) ->
 
 def test_merge_index_keeps_the_part_of_a_writer_still_running(tmp_path: Path) -> None:
     from tests.test_store import meta, sample
-    from training.store import HiddenStateStore, StoreWriter, merge_index
+    from training.storage.store import HiddenStateStore, StoreWriter, merge_index
 
     live = StoreWriter(tmp_path, meta(), shard_max_bytes=1)  # every sample is flushed as its own shard
     live.add(sample(0))

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from curator.cli import main
-from curator.mix.schema import MANIFEST
+from curator.rows.schema import MANIFEST
 from test_reliability_publish import KILL_AFTER_RENAMES  # the same kill point: after the k-th part rename
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_store_leftovers_are_not_counted_and_are_removed_by_the_next_run(tiny_target: Path, tmp_path: Path) -> None:
     from tests.test_hidden_states import conversation, write_gen
-    from training.store import HiddenStateStore
+    from training.storage.store import HiddenStateStore
 
     store = tmp_path / "store"
     args = ["hidden-states", "--model", str(tiny_target), "--out", str(store)]
@@ -66,7 +66,7 @@ def test_a_killed_builds_parts_are_removed_by_the_next_build(tmp_path: Path) -> 
 
 
 def test_checkpoint_temporaries_of_an_interrupted_save_are_removed(tmp_path: Path) -> None:
-    from training.tempfiles import remove_stale_checkpoints
+    from training.io.tempfiles import remove_stale_checkpoints
 
     checkpoints = tmp_path / "run" / "checkpoints"
     (checkpoints / "step-0000005").mkdir(parents=True)

@@ -93,7 +93,7 @@ def gen_with_hostile_records(tmp_path: Path) -> Path:
 def test_hidden_states_and_plan_count_hostile_records_as_malformed(
     tiny_target: Path, gen_with_hostile_records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.store import HiddenStateStore
+    from training.storage.store import HiddenStateStore
 
     assert main(["plan", "--model", str(tiny_target), "--data", str(gen_with_hostile_records), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)

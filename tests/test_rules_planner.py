@@ -14,7 +14,8 @@ from curator.errors import ConfigError
 from curator.hub import SnapshotHub, bundled_snapshot_path, open_hub
 from curator.mix.recipe import load_recipe
 from curator.scout.briefs import categories, load_briefs, parse_brief
-from curator.scout.proposal import allocate, merge_candidates, propose_mix, write_proposal
+from curator.scout.allocation import allocate
+from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
 from curator.scout.rules import run_rules_agent, score_dataset
 from curator.scout.sink import CatalogSink
 from curator.scout.tools import AgentToolbox

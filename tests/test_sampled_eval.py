@@ -2,7 +2,7 @@
 
 SGLang verifies a sampled request with target-only tree speculative sampling (thresholds 1.0):
 child c of a node is accepted with probability p(c), and after a rejection the bonus token comes
-from p without the rejected children. `training.evaluate` draws one token x ~ p per node and
+from p without the rejected children. `training.eval.decode` draws one token x ~ p per node and
 accepts the child equal to x, which has that law. Two consequences are tested here:
 - the output is a sample of the target at that temperature, whatever the draft proposes;
 - simulating decoding on the sampled output's own states gives exactly the cycles that decoding
@@ -21,10 +21,10 @@ from conftest import toy_corpus
 from test_simulate import AUX_IDS, MemoryStates, echo_draft
 
 from training.errors import TrainingError
-from training.evaluate import (DraftProposer, EvalPrompt, Sampling, evaluate, render_prompt,
+from training.eval.decode import (DraftProposer, EvalPrompt, Sampling, evaluate, render_prompt,
                                speculative_decode)
-from training.simulate import AcceptanceStats, simulate_acceptance
-from training.store import HiddenStateSample
+from training.eval.simulate import AcceptanceStats, simulate_acceptance
+from training.storage.store import HiddenStateSample
 
 STEPS = 3
 # The tiny target is random-init: its logits spread over ~0.15, so T=0.04 makes a peaked but not
@@ -171,7 +171,7 @@ def test_cli_eval_samples_at_a_temperature_and_refuses_top_p_alone(target, tiny_
 
 
 def test_each_node_is_drawn_from_its_own_position_and_shared_nodes_once() -> None:
-    from training.evaluate import _draw_per_node
+    from training.eval.decode import _draw_per_node
 
     # 2 paths sharing their first drafted token (7): positions (0,0)=(1,0) are the root and (0,1)=(1,1)
     # the node after 7, so each pair must get one draw; every other position is its own node.

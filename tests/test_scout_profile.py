@@ -13,7 +13,7 @@ import yaml
 from curator.cli import main
 from curator.errors import ConfigError
 from curator.scout.briefs import load_briefs, parse_brief
-from curator.scout.traffic import TrafficShares, take_for_traffic, traffic_category
+from curator.scout.traffic_shares import TrafficShares, take_for_traffic, traffic_category
 from curator.traffic.schema import Profile
 
 AGENTS_DIR = Path(__file__).resolve().parents[1] / "agents"

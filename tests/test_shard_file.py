@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from training.shard_file import write_parts
+from training.storage.shard_file import write_parts
 
 
 def test_parts_round_trip_through_the_safetensors_library(tmp_path):

@@ -8,14 +8,14 @@ import pytest
 import torch
 from conftest import toy_corpus
 
-from training.draft import Eagle3Draft
-from training.evaluate import (
+from training.eagle3.model import Eagle3Draft
+from training.eval.decode import (
     DraftProposer,
     greedy_decode,
     render_prompt,
     speculative_decode,
 )
-from training.simulate import (
+from training.eval.simulate import (
     AcceptanceStats,
     DraftTree,
     TreeBuilder,
@@ -24,7 +24,7 @@ from training.simulate import (
     simulated_eval,
     walk_cycles,
 )
-from training.store import HiddenStateSample
+from training.storage.store import HiddenStateSample
 
 STEPS = 3
 MAX_NEW = 24
@@ -111,7 +111,7 @@ def test_simulation_on_the_decoded_states_matches_speculative_decoding_exactly(t
 
 
 def test_simulation_reports_categories_and_a_greedy_continuation(target, decoded, tiny_target: Path) -> None:
-    from training.target_head import TargetHead
+    from training.target.head import TargetHead
 
     model, _ = target
     sim = simulated(echo_draft(model), decoded, 1, None, target_head=TargetHead.from_pretrained(tiny_target))
@@ -124,7 +124,7 @@ def test_simulation_reports_categories_and_a_greedy_continuation(target, decoded
 
 
 def test_a_sampled_continuation_shows_in_greedy_agreement(target, decoded, tiny_target: Path) -> None:
-    from training.target_head import TargetHead
+    from training.target.head import TargetHead
 
     model, _ = target
     ids, sample = decoded[0]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.errors import StoreError
-from training.store import (
+from training.storage.store import (
     HiddenStateSample,
     HiddenStateStore,
     StoreMeta,
@@ -190,7 +190,7 @@ def test_bytes_per_token_counts_aux_final_and_scales() -> None:
 
 
 def test_fp8_quantised_upstream_stores_the_same_bytes_as_quantised_by_the_writer(tmp_path: Path) -> None:
-    from training.store import quantize_fp8
+    from training.storage.store import quantize_fp8
 
     meta = StoreMeta(target="t", hidden_size=8, num_layers=6, vocab_size=50, aux_layer_ids=[1, 2, 3], dtype="fp8",
                      has_final=True)
@@ -212,7 +212,7 @@ def test_fp8_quantised_upstream_stores_the_same_bytes_as_quantised_by_the_writer
 
 
 def test_fp8_read_as_stored_and_dequantised_on_the_device_equals_dequantised_on_read(tmp_path: Path) -> None:
-    from training.batches import load_batch
+    from training.feed.batches import load_batch
 
     with StoreWriter(tmp_path, meta("fp8"), shard_max_bytes=2_000) as w:
         for i in range(6):

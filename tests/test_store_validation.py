@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from curator.cli import main
 from training.errors import StoreIntegrityError
-from training.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter, merge_index
+from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter, merge_index
 
 H = 8
 

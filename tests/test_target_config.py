@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from training.draft import DraftConfig
+from training.eagle3.model import DraftConfig
 from training.errors import TrainingError
-from training.plan import load_shape
-from training.target_config import read_target_config
+from training.capture.plan import load_shape
+from training.target.config import read_target_config
 
 TEXT = {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840, "num_attention_heads": 64,
         "num_key_value_heads": 64, "intermediate_size": 18432, "model_type": "deepseek_v3"}

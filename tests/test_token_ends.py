@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from curator.generate.client import SamplingParams
+from curator.engines.sampling import SamplingParams
 from curator.generate.token_ids import PromptRenderer, TokenMode, TokenRequest
 from test_chat_templates import TOOLS, tokenizer
 

@@ -12,15 +12,16 @@ import pyarrow as pa
 import pytest
 
 from curator.generate import GenerateConfig, generate
-from curator.generate.client import SamplingParams
+from curator.engines.sampling import SamplingParams
 from curator.engines.sglang import token_request as sglang_request
 from curator.engines.vllm import token_request as vllm_request
 from curator.generate.token_ids import parse_answer
-from curator.mix.schema import SCHEMA, write_tables
+from curator.mix.publish import write_tables
+from curator.rows.schema import SCHEMA
 from fakes.token_servers import FakeSGLangServer, FakeVLLMServer
 from test_chat_templates import TOOLS, tokenizer
-from training.chat_tokens import render, template_messages, tokenize_rows
-from training.gen_record import record_problem
+from training.records.chat_tokens import render, template_messages, tokenize_rows
+from training.records.gen_record import record_problem
 
 CALL = '<think>\nlook it up\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
 OTHER_CALL = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>'
@@ -174,8 +175,8 @@ def test_tool_calls_are_read_back_from_each_targets_own_format(fmt: str, text: s
 
 
 def test_hidden_states_and_plan_read_the_stored_ids_and_say_which_mode_made_each_sample() -> None:
-    from training.hidden_states import ExtractStats, prepare_samples
-    from training.plan import data_lengths
+    from training.capture.hidden_states import ExtractStats, prepare_samples
+    from training.capture.plan import data_lengths
 
     token = {"id": "t", "mode": "token", "messages": [
         {"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "train": True}],
@@ -189,8 +190,8 @@ def test_hidden_states_and_plan_read_the_stored_ids_and_say_which_mode_made_each
 
 
 def test_the_store_records_which_mode_made_each_sample(tmp_path: Path, tiny_target: Path) -> None:
-    from training.hidden_states import extract, load_target, store_meta
-    from training.store import HiddenStateStore
+    from training.capture.hidden_states import extract, load_target, store_meta
+    from training.storage.store import HiddenStateStore
 
     model, tok = load_target(tiny_target, "cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "def value"}], tokenize=True,

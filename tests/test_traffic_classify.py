@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from curator.errors import ConfigError
-from curator.mix.readers import BrokenRow
-from curator.mix.schema import write_tables
+from curator.rows.readers import BrokenRow
+from curator.mix.publish import write_tables
 from curator.traffic.classify import Decision, classify
 from curator.traffic.read import TrafficRow, iter_traffic, parse_request
 from curator.traffic.schema import CATEGORIES

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from bench.simulate_bench import MemoryStates
-from training.batches import Batch
-from training.draft import DraftConfig, Eagle3Draft
-from training.objective import (
+from training.feed.batches import Batch
+from training.eagle3.model import DraftConfig, Eagle3Draft
+from training.eagle3.objective import (
     PackedTTTObjective,
     TTTObjective,
     packed_call,
@@ -21,11 +21,11 @@ from training.objective import (
     step_counts,
     target_signals,
 )
-from training.packing import PackedBatch, from_padded, pack_samples, plan_micro_batches
-from training.soft_ce import soft_cross_entropy_sum
-from training.store import HiddenStateSample
-from training.target_head import TargetHead
-from training.ttt_attention import PackedTTTCache
+from training.feed.packing import PackedBatch, from_padded, pack_samples, plan_micro_batches
+from training.eagle3.soft_ce import soft_cross_entropy_sum
+from training.storage.store import HiddenStateSample
+from training.target.head import TargetHead
+from training.eagle3.ttt_attention import PackedTTTCache
 
 VOCAB, HIDDEN = 96, 32
 LR = 1e-3

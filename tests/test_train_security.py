@@ -22,12 +22,12 @@ from curator.errors import ConfigError
 from curator.mix.recipe import load_recipe
 from test_reliability_diskfull import _small_disk_works
 from test_trainer import make_store, read_metrics, tiny_config
-from training.checkpoint import TRAINER_STATE, latest_checkpoint
+from training.train.checkpoint import TRAINER_STATE, latest_checkpoint
 from training.errors import DivergedError, StoreIntegrityError, TrainingError
-from training.outlock import OutputBusyError
-from training.store import read_index
-from training.train_config import TrainConfig, load_run_config
-from training.trainer import run_lock, train
+from training.io.outlock import OutputBusyError
+from training.storage.store import read_index
+from training.train.config import TrainConfig, load_run_config
+from training.train.trainer import run_lock, train
 
 ROOT = Path(__file__).resolve().parent.parent
 # Nine strings, nine levels of nine aliases each: 9^6 = 531,441 strings from a few hundred bytes.
@@ -172,8 +172,8 @@ def test_a_long_value_of_the_wrong_type_is_not_copied_into_the_error(tmp_path: P
 
 
 def test_save_checkpoint_refuses_non_finite_weights_unless_its_caller_checked_them(tmp_path: Path) -> None:
-    from training.checkpoint import save_checkpoint
-    from training.draft import DraftConfig, Eagle3Draft
+    from training.train.checkpoint import save_checkpoint
+    from training.eagle3.model import DraftConfig, Eagle3Draft
 
     cfg = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                       vocab_size=512, draft_vocab_size=512)
@@ -191,8 +191,8 @@ def test_save_checkpoint_refuses_non_finite_weights_unless_its_caller_checked_th
 def test_a_checkpoint_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
     # the draft's weights (~700 KB of float32) do not fit a 256 KB disk: safetensors fails first
     script = ("import sys; from pathlib import Path\n"
-              "from training.checkpoint import save_checkpoint\n"
-              "from training.draft import DraftConfig, Eagle3Draft\n"
+              "from training.train.checkpoint import save_checkpoint\n"
+              "from training.eagle3.model import DraftConfig, Eagle3Draft\n"
               "cfg = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,"
               " vocab_size=512, draft_vocab_size=512)\n"
               "save_checkpoint(Path(sys.argv[1]), Eagle3Draft(cfg), {'step': 1}, None)\n")

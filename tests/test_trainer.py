@@ -16,14 +16,14 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from conftest import toy_corpus
 from training.errors import ModelMismatchError, TrainingError
-from training.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
-from training.target_head import TargetHead
-from training.toy_target import build_target
-from training.train_config import TrainConfig
-from training.batches import epoch_batches, load_batch, split_eval
-from training.checkpoint import load_checkpoint_draft
-from training.objective import offline_metrics, target_signals
-from training.trainer import lr_lambda, train
+from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
+from training.target.head import TargetHead
+from training.target.toy import build_target
+from training.train.config import TrainConfig
+from training.feed.batches import epoch_batches, load_batch, split_eval
+from training.train.checkpoint import load_checkpoint_draft
+from training.eagle3.objective import offline_metrics, target_signals
+from training.train.trainer import lr_lambda, train
 
 AUX_LAYERS = [1, 2, 3]
 
@@ -193,7 +193,7 @@ def test_curator_train_takes_options_from_the_file_and_flags_override(
 def test_the_bare_trainer_entry_point_reads_the_same_arguments(
     store_dir: Path, sharp_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.trainer import main as trainer_main
+    from training.train.trainer import main as trainer_main
 
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"data": str(store_dir), "target": str(sharp_target), "ttt_steps": 2,
@@ -250,7 +250,7 @@ def test_fresh_run_in_a_killed_runs_folder_rebuilds_its_vocab(store_dir: Path, s
 def test_prefetcher_returns_each_step_in_order_and_reads_ahead() -> None:
     import threading
 
-    from training.batches import Prefetcher
+    from training.feed.batches import Prefetcher
 
     calls: list[int] = []
     lock = threading.Lock()

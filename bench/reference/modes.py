@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from training.atomic import write_text
-from training.chat_tokens import MalformedRecordError, generation_files, iter_generation, tokenize_rows
+from training.io.atomic import write_text
+from training.records.chat_tokens import MalformedRecordError, generation_files, iter_generation, tokenize_rows
 
 
 def text_copy(gen_dir: str | Path, out_dir: str | Path) -> Path:

@@ -6,9 +6,9 @@ toolkit's own pipeline on a target trained on the spot.
      held-out set that share no file
   3. regeneration of every answer through `curator generate`'s in-process backend (greedy, or
      sampled at `--temperature`, which the measurement then verifies at too)
-  4. hidden states of pool and held-out answers (`training.hidden_states`, bf16; fp8 optionally)
-  5. one draft per pool size, all with the same step budget (`training.trainer`)
-  6. per draft: the offline estimates on the held-out states (simulated decoding, training.simulate,
+  4. hidden states of pool and held-out answers (`training.capture.hidden_states`, bf16; fp8 optionally)
+  5. one draft per pool size, all with the same step budget (`training.train.trainer`)
+  6. per draft: the offline estimates on the held-out states (simulated decoding, training.eval.simulate,
      and the teacher-forced one), then `curator eval`'s speculative decoding on held-out prompts
      (measured acceptance length, output checked against greedy); the simulation is also run on
      exactly the measured prompts' stored continuations, and its error against the measured figure
@@ -43,17 +43,17 @@ if str(ROOT) not in sys.path:
 from bench.reference.modes import mismatch_share, text_copy  # noqa: E402
 from bench.reference.target import build_reference_target, code_windows, python_sources, split_sources  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
-from curator.mix.schema import write_tables  # noqa: E402
-from training import hidden_states  # noqa: E402
-from training.atomic import write_text  # noqa: E402
-from training.evaluate import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402
-from training.export import export_checkpoint, load_draft  # noqa: E402
-from training.store import HiddenStateStore  # noqa: E402
-from training.target_head import TargetHead  # noqa: E402
-from training.train_config import TrainConfig  # noqa: E402
-from training.objective import offline_metrics  # noqa: E402
-from training.simulate import simulate_acceptance  # noqa: E402
-from training.trainer import train  # noqa: E402
+from curator.rows.schema import write_tables  # noqa: E402
+from training.capture import hidden_states  # noqa: E402
+from training.io.atomic import write_text  # noqa: E402
+from training.eval.decode import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402
+from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.storage.store import HiddenStateStore  # noqa: E402
+from training.target.head import TargetHead  # noqa: E402
+from training.train.config import TrainConfig  # noqa: E402
+from training.eagle3.objective import offline_metrics  # noqa: E402
+from training.eval.simulate import simulate_acceptance  # noqa: E402
+from training.train.trainer import train  # noqa: E402
 
 
 def write_mix(path: Path, prefix: str, prompts: list[str], categories: list[str] | None = None) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.reference.sources import read_texts
-from training.toy_target import llama_config, save_target, train_causal_lm, train_tokenizer
+from training.target.toy import llama_config, save_target, train_causal_lm, train_tokenizer
 
 
 @dataclass

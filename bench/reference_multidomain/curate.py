@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from bench.reference_multidomain.domains import CATEGORY, DOMAINS
-from training.atomic import write_text
+from training.io.atomic import write_text
 
 POOL_SOURCES = {cat: [d for d in DOMAINS if CATEGORY[d] == cat] for cat in dict.fromkeys(CATEGORY.values())}
 
@@ -135,14 +135,14 @@ def start_builds(jobs: dict[str, tuple[Any, ...]], workers: int) -> Callable[[],
 
 def mix_ids(mix_dir: Path) -> list[str]:
     """Return the ids of a finished mix, in its order."""
-    from curator.mix.schema import open_mix
+    from curator.rows.schema import open_mix
 
     return open_mix(mix_dir).ids()
 
 
 def union_mix(mix_dirs: list[Path], out: Path) -> int:
     """Write one mix holding every row of `mix_dirs` once (by id); return its row count."""
-    from curator.mix.schema import open_mix, write_tables
+    from curator.rows.schema import open_mix, write_tables
 
     tables = [pq.read_table(f) for d in mix_dirs for f in open_mix(d).files]
     table = pa.concat_tables(tables, promote_options="default")

@@ -52,15 +52,15 @@ from bench.reference_multidomain.domains import CATEGORY, DOMAINS, split_domains
 from curator import forecast as fc  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.traffic.classify import classify  # noqa: E402
-from training import hidden_states  # noqa: E402
-from training.atomic import write_text  # noqa: E402
-from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
-from training.export import export_checkpoint, load_draft  # noqa: E402
-from training.simulate import traffic_weighted  # noqa: E402
-from training.store import HiddenStateStore  # noqa: E402
-from training.toy_target import train_tokenizer  # noqa: E402
-from training.train_config import TrainConfig  # noqa: E402
-from training.trainer import train  # noqa: E402
+from training.capture import hidden_states  # noqa: E402
+from training.io.atomic import write_text  # noqa: E402
+from training.eval.decode import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
+from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.eval.simulate import traffic_weighted  # noqa: E402
+from training.storage.store import HiddenStateStore  # noqa: E402
+from training.target.toy import train_tokenizer  # noqa: E402
+from training.train.config import TrainConfig  # noqa: E402
+from training.train.trainer import train  # noqa: E402
 
 FIGURES = ("measured", "simulated")  # curator eval's speculative decoding; the simulated estimate beside it
 TRAFFIC_MIX = {"python": 0.55, "tools": 0.25, "arithmetic": 0.10, "prose": 0.10}
@@ -81,7 +81,7 @@ def request(domain: str, prompt: str) -> dict[str, Any]:
 def weighted(per_category: dict[str, float], shares: dict[str, float]) -> float | None:
     """Return the traffic-weighted acceptance: per-category figures weighted by the profile's shares
     (renormalised over the categories measured), the rule of `curator eval --profile`
-    (training.simulate.traffic_weighted), here on plain figures: the trainer's simulated
+    (training.eval.simulate.traffic_weighted), here on plain figures: the trainer's simulated
     per-category acceptances and the forecast's predictions come as numbers, not decoding counts."""
     common = {c: s for c, s in shares.items() if c in per_category and s > 0}
     total = sum(common.values())
@@ -329,7 +329,7 @@ def forecast_check(rows: dict[str, Any], small: int, large: int, steps: int, sha
 def goal_forecast(saved: dict[str, Any], goal: float, figure: str) -> dict[str, Any]:
     """Return `curator forecast`'s answer for `goal` from a saved run's matched drafts, priced at the
     run's own generation figures (tokens per sample, output tokens/s) and the target's bytes per token."""
-    from training.store import bytes_per_token
+    from training.storage.store import bytes_per_token
 
     rows, s = saved["drafts"], saved["settings"]
     pts = fc.points_by_category([(r["category_samples"], r[figure]) for t, r in rows.items() if t.startswith("matched-")])

@@ -10,7 +10,7 @@ import typer
 
 from curator.errors import ConfigError
 from curator.ui import console, progress, rows_table, stdout
-from training.atomic import write_json
+from training.io.atomic import write_json
 
 
 def _concurrencies(values: list[str]) -> list[int]:

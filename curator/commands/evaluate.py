@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from curator.errors import ConfigError
 from curator.ui import console, progress, rows_table, summary_table
-from training.atomic import write_json
+from training.io.atomic import write_json
 
 
 def eval_command(
@@ -42,9 +42,9 @@ def eval_command(
             raise ConfigError(f"{flag} {path}: no such file or folder")
     import torch
 
-    from curator.traffic.weighting import eval_weights
-    from training.evaluate import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
-    from training.export import load_draft
+    from curator.evaluation.weighting import eval_weights
+    from training.eval.decode import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
+    from training.export.export import load_draft
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -92,11 +92,11 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
             tie_margin: float, topk: int = 1, num_draft_tokens: int | None = None, sampling: Any = None,
             weights: Any = None, offline: tuple[Path, Path, Any] | None = None) -> Any:
     """Return the EvalReport of speculative decoding of `prompts` (a progress bar while it runs); with
-    `weights` (curator.traffic.weighting.eval_weights) its traffic-weighted figures; with `offline`
+    `weights` (curator.evaluation.weighting.eval_weights) its traffic-weighted figures; with `offline`
     (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
     the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
-    from training.evaluate import DraftProposer, evaluate, offline_estimate
-    from training.simulate import traffic_weighted
+    from training.eval.decode import DraftProposer, evaluate, offline_estimate
+    from training.eval.simulate import traffic_weighted
 
     with progress() as bar:
         task = bar.add_task("speculative decoding", total=len(prompts))
@@ -117,7 +117,7 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
 
 def render_eval(report: Any, wall_s: float) -> None:
     """Print the summary, per-position and per-category tables."""
-    from training.evaluate import finite
+    from training.eval.decode import finite
 
     overall = report.overall
     rows: list[tuple[str, Any]] = [
@@ -173,7 +173,7 @@ def render_eval(report: Any, wall_s: float) -> None:
 
 def render_traffic(report: Any, source: str) -> None:
     """Print acceptance per traffic category and weighted by the profile's shares, measured and simulated."""
-    from training.evaluate import finite
+    from training.eval.decode import finite
 
     measured = report.traffic or {}
     simulated = (report.offline or {}).get("traffic_weighted") or {}
@@ -198,7 +198,7 @@ def render_traffic(report: Any, source: str) -> None:
 
 def category_rows(report: Any) -> list[list[Any]]:
     """Return per category: measured forwards and acceptance length beside the simulated ones."""
-    from training.evaluate import finite
+    from training.eval.decode import finite
 
     sim = ((report.offline or {}).get("simulated") or {}).get("categories") or {}
     names = sorted(set(report.categories) | set(sim))

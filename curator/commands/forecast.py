@@ -13,7 +13,7 @@ from rich.progress import TextColumn
 
 from curator.errors import ConfigError
 from curator.ui import console, human_bytes, rows_table, stdout
-from training.atomic import write_json
+from training.io.atomic import write_json
 
 
 def _fractions(text: str) -> list[float]:
@@ -68,7 +68,7 @@ def forecast_command(
     if store is not None:
         if target is None:
             raise ConfigError("--store needs --target (the drafts are trained against it)")
-        from training.train_config import load_run_config
+        from training.train.config import load_run_config
 
         # train_nested sets each subset's data and out; these only satisfy the config's own check
         base = load_run_config(config, {"data": str(store), "target": str(target), "out": str(out)}).to_dict() if config else {}

@@ -14,9 +14,9 @@ from curator.errors import ConfigError
 from curator.ui import console, human_bytes, progress, quiet_library_progress, rows_table, stdout, summary_table
 
 if TYPE_CHECKING:  # the model side imports torch: only a command that runs pays for it
-    from training.chat_tokens import GenerationReadStats
-    from training.hidden_states import ExtractStats
-    from training.plan import DiskPlan
+    from training.records.chat_tokens import GenerationReadStats
+    from training.capture.hidden_states import ExtractStats
+    from training.capture.plan import DiskPlan
 
 
 def parse_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -79,8 +79,8 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
 ) -> None:
     """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk."""
-    from training.chat_tokens import GenerationReadStats, generation_files, iter_generation
-    from training.plan import data_lengths, load_shape, make_plan
+    from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
+    from training.capture.plan import data_lengths, load_shape, make_plan
 
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"--dtype must be bf16 or fp8, not {dtype!r}")
@@ -160,7 +160,7 @@ def hidden_states(
 ) -> None:
     """Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store."""
     from curator.capture import CaptureSettings, capture_hidden_states
-    from training.chat_tokens import GenerationReadStats
+    from training.records.chat_tokens import GenerationReadStats
 
     layer_ids = parse_layers(layers)
     if print_server_command:
@@ -193,9 +193,9 @@ def _print_server_command(
     port: int, tensor_parallel: Optional[int],
 ) -> None:
     from curator.hidden_vllm import layer_explanation, server_command
-    from training.layers import check_layer_ids, default_aux_layers
-    from training.plan import load_shape
-    from training.store import StoreMeta
+    from training.target.layers import check_layer_ids, default_aux_layers
+    from training.capture.plan import load_shape
+    from training.storage.store import StoreMeta
 
     if local is None:
         raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config.json")

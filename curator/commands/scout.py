@@ -22,7 +22,7 @@ from curator.scout.agent import AgentBudget
 from curator.scout.briefs import Brief, categories, load_briefs, take
 from curator.scout.orchestrator import DEFAULT_GOAL, ScoutConfig, ScoutRun
 from curator.scout.proposal import merge_candidates, propose_mix, write_proposal
-from curator.scout.traffic import TrafficShares, take_for_traffic
+from curator.scout.traffic_shares import TrafficShares, take_for_traffic
 from curator.ui import compact_table, console, summary_table
 
 # Hub calls of huggingface_hub are blocking and run in threads; ten agents need more than the

@@ -16,10 +16,10 @@ from curator.errors import CatalogError, ConfigError
 from curator.loss_report import LOSS_NOTE, loss_text
 from curator.ui import console, progress, rows_table, summary_table
 from training.errors import TrainingError
-from training.train_config import TrainConfig, load_run_config
+from training.train.config import TrainConfig, load_run_config
 
 if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a usage error
-    from training.trainer import TrainResult
+    from training.train.trainer import TrainResult
 
 
 def _fmt_acc(values: list[float]) -> str:
@@ -83,7 +83,7 @@ def train(
     overrides: Optional[list[str]] = typer.Argument(
         None, metavar="KEY=VALUE",
         help="Options over the config file's, e.g. data=states/ target=/models/T out=runs/d1 max_steps=600. "
-             "Every option is a field of training.train_config.TrainConfig (see docs/training.md)."),
+             "Every option is a field of training.train.config.TrainConfig (see docs/training.md)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in `out` from its latest checkpoint."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
@@ -99,7 +99,7 @@ def train(
         cfg = load_run_config(config, overrides or [])
     except TrainingError as exc:
         raise ConfigError(f"{config or 'options'}: {exc}") from exc
-    from training.trainer import train as run_training
+    from training.train.trainer import train as run_training
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar, show = training_progress()
@@ -135,8 +135,8 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
-    from training.layouts import layout_named
+    from training.export.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
+    from training.eagle3.layouts import layout_named
 
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")

@@ -119,7 +119,7 @@ def xlam_row(rng: random.Random, index: int) -> dict[str, object]:
 
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]
 
-# The toy template (training/toy_target.py) with tools: declared in a system turn, calls written in
+# The toy template (training/target/toy.py) with tools: declared in a system turn, calls written in
 # the assistant turn between the tool-call special tokens, results in tool turns.
 DEMO_CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|system|>\nTools: ' }}{% for t in tools %}{{ t['function']['name'] + ' ' }}{% endfor %}"

@@ -42,7 +42,7 @@ from curator.demo.corpus import (
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import ConfigError, CuratorError
 from curator.ui import console, progress, quiet_library_progress, summary_table
-from training.atomic import write_json
+from training.io.atomic import write_json
 
 STATE_FILE = "demo-state.json"
 # What each stage writes in the workdir (glob patterns): removed before the stage (re)runs, and by --fresh.
@@ -60,8 +60,8 @@ OUTPUTS = {
 }
 # The demo's models are a few hundred thousand parameters: each op is too small to share out, and
 # a second thread only waits for a core (on a busy 2-core machine one target step took 3.0-3.8 s
-# on 2 threads, 0.5-1.4 s on 1). One thread also makes every float sum, and so the figures, the
-# same on any machine.
+# on 2 threads, 0.5-1.4 s on 1). One thread also fixes the order of every float sum, so a run
+# repeats its figures to the digit under the same packages (constraints.txt) and CPU kernels.
 DEMO_THREADS = 1
 # A regenerated answer whose most common token is at least this share of it is one token repeated.
 REPEATED_TOKEN_SHARE = 0.5
@@ -203,7 +203,7 @@ class Demo:
         self._load_state()
         quiet_library_progress()
         console.print(f"[dim]torch uses {DEMO_THREADS} thread: the demo's models are too small to gain from more, "
-                      "and one thread gives the same figures on any machine[/]", highlight=False)
+                      "and one thread makes its figures repeat run after run[/]", highlight=False)
         self.scout()
         self.approve()
         self.profile()
@@ -331,7 +331,7 @@ class Demo:
 
     def make_target(self) -> None:
         def fn() -> dict[str, Any]:
-            from training.toy_target import build_target, chat_token_batches, save_target, train_causal_lm
+            from training.target.toy import build_target, chat_token_batches, save_target, train_causal_lm
 
             model, tokenizer = build_target(
                 demo_texts(self.s.seed), self.w / "target", vocab_size=self.s.target_vocab, seed=self.s.seed,
@@ -389,7 +389,7 @@ class Demo:
         """Warn when most regenerated answers are one token repeated; return "n of N"."""
         from transformers import AutoTokenizer
 
-        from training.chat_tokens import iter_generation
+        from training.records.chat_tokens import iter_generation
 
         tokenizer = AutoTokenizer.from_pretrained(self.w / "target")
         answers = [m.get("content") or "" for rec in iter_generation(gen_dir) for m in rec["messages"]
@@ -407,7 +407,7 @@ class Demo:
         The target writes a call between its own `<tool_call>` tokens and generate parses it into
         structured `tool_calls`; a count of 0 means the agentic acceptance measures plain text.
         """
-        from training.chat_tokens import iter_generation
+        from training.records.chat_tokens import iter_generation
 
         answers = [m for rec in iter_generation(gen_dir) if rec.get("tools") for m in rec["messages"]
                    if m.get("role") == "assistant" and m.get("train")]
@@ -421,8 +421,8 @@ class Demo:
         argv = ["plan", "--model", str(self.w / "target"), "--data", str(self.w / "gen"), "--out", str(self.w)]
 
         def fn() -> dict[str, Any]:
-            from training.chat_tokens import iter_generation
-            from training.plan import data_lengths, load_shape, make_plan
+            from training.records.chat_tokens import iter_generation
+            from training.capture.plan import data_lengths, load_shape, make_plan
             from transformers import AutoTokenizer
 
             lengths, how, _ = data_lengths(iter_generation(self.w / "gen"),
@@ -440,7 +440,7 @@ class Demo:
 
         def fn() -> dict[str, Any]:
             from curator.capture import CaptureSettings, capture_hidden_states
-            from training.store import HiddenStateStore
+            from training.storage.store import HiddenStateStore
 
             capture_hidden_states(CaptureSettings(model=str(self.w / "target"), data=self.w / "gen",
                                                   out=self.w / "states"))
@@ -462,8 +462,8 @@ class Demo:
 
         def fn() -> dict[str, Any]:
             from curator.commands.train import accept_length_rows, training_progress
-            from training.train_config import load_run_config
-            from training.trainer import train
+            from training.train.config import load_run_config
+            from training.train.trainer import train
 
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             cfg = load_run_config(config_path)
@@ -486,7 +486,7 @@ class Demo:
         argv = ["export", "--checkpoint", str(self.w / "run"), "--format", "sglang", "--out", str(self.w / "export")]
 
         def fn() -> dict[str, Any]:
-            from training.export import export_checkpoint
+            from training.export.export import export_checkpoint
 
             path = export_checkpoint(self.w / "run", self.w / "export", fmt="sglang")
             return {"files": ", ".join(sorted(p.name for p in path.iterdir()))}
@@ -531,9 +531,9 @@ class Demo:
         def fn() -> dict[str, Any]:
             from curator.commands.evaluate import measure
             from curator.mix.prompts import mix_prompts
-            from curator.traffic.weighting import eval_weights
-            from training.evaluate import held_out_split, load_target
-            from training.export import load_draft
+            from curator.evaluation.weighting import eval_weights
+            from training.eval.decode import held_out_split, load_target
+            from training.export.export import load_draft
 
             chosen, _ = mix_prompts(prompts)
             weights = eval_weights(profile)

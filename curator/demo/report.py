@@ -16,7 +16,7 @@ from typing import Any
 
 from curator.loss_report import LOSS_NOTE
 from curator.ui import format_value, human_bytes
-from training.atomic import write_text
+from training.io.atomic import write_text
 
 
 @dataclass

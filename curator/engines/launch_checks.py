@@ -4,13 +4,9 @@ the command that would (curator/doctor.py runs them; each engine's own rules are
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from curator.engines import ENGINE_OF_LAYOUT, ENGINES, sglang, vllm
+from curator.engines.draft import DraftLayout
 from curator.engines.launch import Check, LaunchSpec, same_path
-
-if TYPE_CHECKING:
-    from curator.doctor import DraftLayout
 
 FC_BYPASS = (
     "with {algo} the server captures no aux layers and hands the draft the target's final hidden "

@@ -9,7 +9,7 @@
 - bench-serve's acceptance (managers/tokenizer_manager.py): `meta_info.spec_verify_ct` (target verify
   forwards of that request) beside `completion_tokens` on every `/generate` answer of a speculating
   server; completion_tokens / spec_verify_ct is SGLang's own spec_accept_length;
-- hidden-state capture: the target class's layer rule (training/sglang_rules.py).
+- hidden-state capture: the target class's layer rule (training/target/sglang_rules.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from curator.engines.launch import Check, LaunchSpec, int_opt, kept_args, option
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
-    from curator.generate.client import SamplingParams
+    from curator.engines.sampling import SamplingParams
 
 NAME = "sglang"
 GENERATE_PATH = "/generate"

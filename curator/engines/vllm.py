@@ -13,7 +13,7 @@
   labelled per engine and model; mean acceptance length = 1 + accepted / drafts, position k's rate =
   per_pos[k] / drafts. They are server-wide and cumulative: a run reads them before and after and
   takes the difference, so nothing else may use the server meanwhile;
-- hidden-state capture: the draft config's ids taken as layer inputs (training.layers.vllm_captured);
+- hidden-state capture: the draft config's ids taken as layer inputs (training.target.layers.vllm_captured);
   the `extract_hidden_states` method (v1/spec_decode/extract_hidden_states.py) with the
   ExampleHiddenStatesConnector (distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py):
   `vllm serve` with `--speculative-config {"method": "extract_hidden_states", ...}` and
@@ -38,7 +38,7 @@ from curator.engines.prometheus import is_counter, parse_prometheus
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
-    from curator.generate.client import SamplingParams
+    from curator.engines.sampling import SamplingParams
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"

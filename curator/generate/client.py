@@ -14,12 +14,13 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 
 from curator import http
+from curator.engines.sampling import SamplingParams
 from curator.errors import EndpointError
 from curator.generate.scheduler import Scheduler
 from curator.http import RetryPolicy
@@ -34,16 +35,6 @@ class TokenRequests(Protocol):
     def request(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> Any: ...
 
     def completion(self, payload: Any, request: Any, endpoint: str, latency_s: float) -> Completion: ...
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """What every chat request carries besides the messages."""
-
-    temperature: float = 0.7
-    top_p: float | None = None
-    max_tokens: int = 4096
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

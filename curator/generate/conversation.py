@@ -1,5 +1,5 @@
 """The turn policy: which turns of a mix conversation the target answers, with what history,
-and the output record (training/gen_record.py) that results.
+and the output record (training/records/gen_record.py) that results.
 
 turns=all   every user turn (and the end of every run of tool turns) is answered in order; each
             request carries the target's own earlier answers as history, so the draft learns
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from curator.generate.client import Completion
-from curator.mix.schema import MixRow, answer_points
-from training.gen_record import RECORD_FORMAT, generation
+from curator.rows.schema import MixRow, answer_points
+from training.records.gen_record import RECORD_FORMAT, generation
 
 # (history so far, endpoint of the previous turn, tools offered) -> the target's answer
 Ask = Callable[[Sequence[dict[str, Any]], str | None, list[dict[str, Any]] | None], Awaitable[Completion]]
@@ -127,7 +127,7 @@ def _add_answer(out: Regenerated, completion: Completion) -> None:
 
 def output_record(row: MixRow, result: Regenerated, model: str,
                   chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return the shard line for one conversation (training/gen_record.py; stdlib-json readable).
+    """Return the shard line for one conversation (training/records/gen_record.py; stdlib-json readable).
 
     finish_reason is the last answer's ("kept" for keep_responses rows); finish_reasons lists
     every answer's, so a reader can drop conversations cut off at max_tokens in any turn.

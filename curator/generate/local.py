@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from curator.errors import EndpointError
-from curator.generate.client import Completion, RequestError, SamplingParams
+from curator.engines.sampling import SamplingParams
+from curator.generate.client import Completion, RequestError
 from curator.generate.token_ids import PromptRenderer, parse_answer
 
 Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]  # (messages, tools offered)

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from curator import aio, http
 from curator.errors import ConfigError
-from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy, SamplingParams
+from curator.engines.sampling import SamplingParams
+from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy
 from curator.generate.conversation import output_record, regenerate
 from curator.generate.local import TransformersBackend
 from curator.generate.token_ids import PromptRenderer, TokenMode
@@ -42,7 +43,7 @@ from curator.generate.shards import (
     shard_paths,
     write_json_atomic,
 )
-from curator.mix.schema import BadRow, Mix, MixRow, open_mix
+from curator.rows.schema import BadRow, Mix, MixRow, open_mix
 
 Backend = OpenAIBackend | TransformersBackend
 

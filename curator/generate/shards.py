@@ -28,10 +28,10 @@ from typing import IO, Any
 
 from curator.errors import ConfigError
 from curator.http import redact
-from training import atomic
-from training.diskspace import named_disk_full
-from training.outlock import OutputBusyError
-from training.outlock import OutputLock as _Lock
+from training.io import atomic
+from training.io.diskspace import named_disk_full
+from training.io.outlock import OutputBusyError
+from training.io.outlock import OutputLock as _Lock
 
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 ERRORS_FILE = "errors.jsonl"

@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 from curator.engines import ENGINES
 from curator.engines.answer import AnswerError
-from curator.generate.client import Completion, RequestError, SamplingParams, split_reasoning
-from training.chat_tokens import MalformedRecordError, render, template_messages
+from curator.engines.sampling import SamplingParams
+from curator.generate.client import Completion, RequestError, split_reasoning
+from training.records.chat_tokens import MalformedRecordError, render, template_messages
 
 Engine = Literal["sglang", "vllm"]
 

@@ -1,6 +1,6 @@
 """Mixes: recipes, row formats, dedup and the build of a prompt mix.
 
-The names below load on first use: reading a mix (`curator.mix.schema`) must not import the
+The names below load on first use: reading a mix (`curator.rows.schema`) must not import the
 build's dependencies (datasketch, datasets), which the GPU stages' machines need not have.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 _HOMES = {
     "build_mix": "curator.mix.build", "recipe_from_catalog": "curator.mix.build",
     "Recipe": "curator.mix.recipe", "load_recipe": "curator.mix.recipe", "recipe_from_dict": "curator.mix.recipe",
-    "Mix": "curator.mix.schema", "open_mix": "curator.mix.schema", "read_manifest": "curator.mix.schema",
+    "Mix": "curator.rows.schema", "open_mix": "curator.rows.schema", "read_manifest": "curator.rows.schema",
 }
 
 __all__ = sorted(_HOMES)

@@ -3,7 +3,7 @@
 Sources are processed in recipe order, which is their priority: a row that duplicates a row
 already kept from an earlier source is dropped and counted against that pair of sources. A row
 that matches a prompt of the recipe's `decontaminate:` list (or the traffic's held-out split) never
-enters the mix. The output is a mix folder as curator/mix/schema.py defines it (docs/mix.md),
+enters the mix. The output is a mix folder as curator/rows/schema.py defines it (docs/mix.md),
 built whole in a sibling folder and swapped in (curator/mix/publish.py); the same recipe gives the
 same bytes. With `match`, the quotas follow a traffic profile and rows are chosen by importance
 (curator/mix/match.py).
@@ -24,7 +24,7 @@ from curator.errors import ConfigError
 from curator.mix import filters, publish
 from curator.mix.decontam import DEFAULT_NEAR, HELDOUT_OWNER, Decontaminator, dedup_text, row_texts
 from curator.mix.dedup import Deduper
-from curator.mix.formats import NORMALISERS, MalformedRow, default_turns, resolve_format, source_id, to_prompt
+from curator.rows.formats import NORMALISERS, MalformedRow, default_turns, resolve_format, source_id, to_prompt
 from curator.mix.match import (
     SELECTION,
     UNIFORM,
@@ -36,14 +36,14 @@ from curator.mix.match import (
     shared_categories,
 )
 from curator.mix.online import require_hub
-from curator.mix.readers import BrokenRow, open_source
+from curator.rows.readers import BrokenRow, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
-from curator.mix.schema import COLUMNS, MANIFEST_VERSION, MixWriter
+from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, classify_prompt, importance_keys, survey
 from curator.traffic.schema import CATEGORIES, Profile, load_profile
-from training.diskspace import named_disk_full
-from training.text import is_valid_unicode
+from training.io.diskspace import named_disk_full
+from training.io.text import is_valid_unicode
 
 _MAX_REASONS = 20
 _EXCLUDED_KEY = 1 << 65  # past every 64-bit sampling key: held-out rows are walked last, and skipped

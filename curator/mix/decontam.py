@@ -17,8 +17,8 @@ from typing import Any
 
 from curator.errors import ConfigError
 from curator.mix.dedup import Deduper, Match, Prepared
-from curator.mix.formats import NORMALISERS, Conversation, MalformedRow, resolve_format
-from curator.mix.readers import BrokenRow, open_source
+from curator.rows.formats import NORMALISERS, Conversation, MalformedRow, resolve_format
+from curator.rows.readers import BrokenRow, open_source
 from curator.mix.recipe import DecontamSpec
 
 DEFAULT_NEAR = 0.85  # where the recipe switches near-dedup off, decontamination still matches near copies

@@ -23,22 +23,19 @@ from dataclasses import dataclass
 import numpy as np
 from datasketch import LeanMinHash, MinHashLSH
 
+from curator.rows.shingles import mix64, normalise_text, word_hashes
+
 NUM_PERM = 128  # bins; a power of two (the bin is the hash's top bits)
 SHINGLE = 5
 _BIN_SHIFT = np.uint64(64 - 7)
 _VALUE_SHIFT = np.uint64(64 - 7 - 32)
 _MASK32 = np.uint64(0xFFFFFFFF)
 _rng = np.random.default_rng(20240611)  # fixed: signatures must not change between runs
-_BYTE_MULT = _rng.integers(1, 2**63, 64, dtype=np.uint64) | np.uint64(1)
+_rng.integers(1, 2**63, 64, dtype=np.uint64)  # the word hashes' multipliers (rows/shingles.py) were drawn first
 _SHINGLE_MULT = _rng.integers(1, 2**63, SHINGLE, dtype=np.uint64) | np.uint64(1)
 _ROTATE = np.uint32(0x9E3779B1)
 _SET_SHIFT = np.uint64(32)
 LSH_RECALL = 0.999  # chance that a pair exactly at the threshold shares a band
-
-
-def normalise_text(text: str) -> str:
-    """Return `text` lower-cased with runs of whitespace collapsed to one space."""
-    return " ".join(text.lower().split())
 
 
 def text_hash(norm: str) -> bytes:
@@ -70,26 +67,6 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return common / (a.size + b.size - common)
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    # splitmix64 finaliser: spreads the sum-of-products hashes over all 64 bits.
-    h = h ^ (h >> np.uint64(30))
-    h = h * np.uint64(0xBF58476D1CE4E5B9)
-    h = h ^ (h >> np.uint64(27))
-    h = h * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
-
-
-def _word_hashes(joined: str) -> np.ndarray:
-    """Return a 64-bit hash per space-separated word of normalised text, in order."""
-    data = np.frombuffer(joined.encode("utf-8", "surrogatepass"), dtype=np.uint8)
-    is_space = data == 32
-    starts = np.concatenate(([0], np.flatnonzero(is_space) + 1))
-    pos = np.arange(data.size) - starts[np.cumsum(is_space)]
-    contrib = (data.astype(np.uint64) + np.uint64(1)) * _BYTE_MULT[pos & 63]
-    contrib[is_space] = 0
-    return _mix(np.add.reduceat(contrib, starts))
-
-
 def signatures(norms: list[str]) -> np.ndarray:
     """Return the MinHash signatures (uint32 [len(norms), 128]) of non-empty normalised texts.
 
@@ -105,7 +82,7 @@ def sketches(norms: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
         return np.zeros((0, NUM_PERM), dtype=np.uint32), []
     with np.errstate(over="ignore"):
         counts = np.fromiter((t.count(" ") + 1 for t in norms), dtype=np.int64, count=n)
-        words = _word_hashes(" ".join(norms))
+        words = word_hashes(" ".join(norms))
         doc = np.repeat(np.arange(n), counts)
         first_word = np.concatenate(([0], np.cumsum(counts)[:-1]))
         in_doc = np.arange(words.size) - first_word[doc]
@@ -116,7 +93,7 @@ def sketches(norms: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
         for j in range(SHINGLE):
             acc += padded[j : j + words.size] * _SHINGLE_MULT[j] * (left > j).astype(np.uint64)
         starts = (left >= SHINGLE) | (in_doc == 0)
-        hashes, doc = _mix(acc[starts]), doc[starts]
+        hashes, doc = mix64(acc[starts]), doc[starts]
         # One-permutation hashing: the bin is a hash's top 7 bits, the value its next 32;
         # sorting by (document, hash) puts each (document, bin)'s minimum first.
         order = np.lexsort((hashes, doc))

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from curator.errors import ConfigError
-from curator.mix.formats import Conversation
+from curator.rows.formats import Conversation
+from curator.rows.tokens import TokenCounter
 
 EMPTY = "empty_prompt"
 TOO_LONG_CHARS = "too_long_chars"
@@ -25,23 +26,6 @@ def cheap_filter(prompt: Conversation, max_chars: int | None) -> str | None:
     if max_chars is not None and prompt_chars(prompt) > max_chars:
         return TOO_LONG_CHARS
     return None
-
-
-class TokenCounter:
-    """Counts a prompt's tokens with the target's tokenizer (message contents, no chat template)."""
-
-    def __init__(self, tokenizer_path: str | Path) -> None:
-        from transformers import AutoTokenizer  # heavy import; only token filtering pays for it
-
-        try:
-            self._tok = AutoTokenizer.from_pretrained(str(tokenizer_path))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load a tokenizer from {tokenizer_path}: {str(exc).splitlines()[0]}") from None
-
-    def count(self, prompt: Conversation) -> int:
-        """Return the number of tokens in the prompt's message contents."""
-        encoded = self._tok([content for _, content in prompt], add_special_tokens=False)["input_ids"]
-        return sum(len(ids) for ids in encoded)
 
 
 def token_filter(prompt: Conversation, counter: TokenCounter | None, max_tokens: int | None) -> str | None:

@@ -22,14 +22,17 @@ import glob
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
 
 from curator.errors import ConfigError
-from curator.mix.schema import LEGACY_MANIFEST, MANIFEST_DIR, is_mix
-from training.atomic import TMP_MARK, fsync_path
-from training.outlock import OutputBusyError, OutputLock
+from curator.rows.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST_DIR, MANIFEST_VERSION, MixWriter, conform, is_mix
+from training.io.atomic import TMP_MARK, fsync_path
+from training.io.outlock import OutputBusyError, OutputLock
 
 HELDOUT_DIR = ".heldout"
 OLD_LOCK_FILE = ".build-mix.lock"  # the lock's place inside the folder before builds swapped folders
@@ -170,3 +173,20 @@ def swap_in(stage: Path, out_dir: str | Path) -> None:
     fsync_path(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> dict[str, Any]:
+    """Return the manifest of a mix written from ready tables (one part each), published whole.
+
+    For mixes made outside build-mix (benchmarks, test fixtures); the tables should follow SCHEMA.
+    """
+    out = real_out(out_dir)
+    with staged(out) as stage:
+        writer = MixWriter(stage, named=out)
+        for table in tables:
+            writer.write_table(conform(table))
+        parts = writer.finish()
+        manifest = {"manifest_version": MANIFEST_VERSION, "name": name, "rows": sum(p["rows"] for p in parts),
+                    "columns": list(COLUMNS), "parts": parts}
+        writer.publish(manifest)
+    return manifest

@@ -13,8 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from curator.errors import ConfigError
-from curator.mix.formats import ALIASES, NORMALISERS
-from training.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
+from curator.rows.formats import ALIASES, NORMALISERS
+from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 # Built from the normalisers themselves, so that every format docs/generation.md documents is one
 # a recipe may name (`traffic`: request logs, see curator/traffic/schema.py).

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from curator.mix.formats import Conversation, as_messages
+from curator.rows.formats import Conversation, as_messages
 from curator.mix.match import FeatureStore, TrafficModel, match_texts, walk_keys
 from curator.mix.recipe import SourceSpec
 from curator.mix.sample import row_key

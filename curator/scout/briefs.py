@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from curator.errors import ConfigError
 from curator.traffic.schema import CATEGORIES
-from training.safe_yaml import safe_load  # yaml.safe_load without aliases ("billion laughs")
+from training.io.safe_yaml import safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 AGENTS_DIR_ENV = "CURATOR_AGENTS_DIR"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)(.*)\Z", re.S)

@@ -3,7 +3,7 @@ target sample count among categories and datasets, each quota with its reason.
 
 Shares follow the briefs' weights (the original case's agentic-heavy mix), multiplied by
 GOAL_BOOST for categories the goal names, over the categories something was found for; with a
-traffic profile (`scout --profile`), they follow the traffic's shares instead (curator.scout.traffic).
+traffic profile (`scout --profile`), they follow the traffic's shares instead (curator.scout.traffic_shares).
 Within a category, datasets share its quota by relevance (a little more when several agents
 found the same dataset), never more than a dataset's rows; what a full dataset cannot take
 flows to the others. Reasons go into the YAML as comments, because the recipe model rejects
@@ -24,14 +24,13 @@ import yaml
 
 from curator.catalog import Catalog
 from curator.errors import ConfigError
-from curator.mix.match import largest_remainder
-from training.atomic import write_text
+from training.io.atomic import write_text
+from curator.scout.allocation import DEFAULT_WEIGHT, allocate
 from curator.scout.briefs import Brief
-from curator.scout.traffic import TrafficShares, allocate_by_traffic, traffic_weights
+from curator.scout.traffic_shares import TrafficShares, allocate_by_traffic, traffic_weights
 
 GOAL_BOOST = 1.5
 AGREEMENT_BONUS = 0.25  # per extra agent that found the same dataset
-DEFAULT_WEIGHT = 0.05  # a category no brief weighs (an agent filed under another's category)
 AGENTIC_CATEGORIES = {"agentic"}  # regenerate only the last answer: observations depend on actions
 MODEL_FAMILIES = ("kimi", "deepseek", "qwen", "llama", "glm", "minimax", "mistral", "gemma")
 _EVAL_SPLIT = re.compile(r"test|dev|valid|eval", re.I)
@@ -125,29 +124,6 @@ class Proposal:
         return sum(q.samples for q in self.quotas)
 
 
-def allocate(total: int, weights: list[float], caps: list[int | None]) -> list[int]:
-    """Return integer shares of `total` proportional to `weights`, each within its cap (water-filling)."""
-    n = len(weights)
-    out = [0] * n
-    open_ = [i for i in range(n) if weights[i] > 0 and (caps[i] is None or caps[i] > 0)]
-    remaining = total
-    while remaining > 0 and open_:
-        weight_sum = sum(weights[i] for i in open_)
-        exact = {i: remaining * weights[i] / weight_sum for i in open_}
-        capped = [i for i in open_ if caps[i] is not None and out[i] + exact[i] >= caps[i]]
-        if capped:
-            for i in capped:
-                remaining -= caps[i] - out[i]
-                out[i] = caps[i]
-            open_ = [i for i in open_ if i not in capped]
-            continue
-        # no cap reached: the rest is shared by largest remainders, so the shares sum exactly to the total
-        for i, share in zip(open_, largest_remainder([weights[i] for i in open_], remaining)):
-            out[i] += share
-        remaining = 0
-    return out
-
-
 def _goal_words(goal: str) -> set[str]:
     return set(re.findall(r"[a-z0-9][a-z0-9.+#]*", goal.lower()))
 
@@ -203,7 +179,7 @@ def propose_mix(
     traffic: TrafficShares | None = None,
 ) -> Proposal:
     """Return the proposed mix for `target_samples` from merged candidates, weighted toward the goal,
-    or, with `traffic`, by the traffic profile's category shares (curator.scout.traffic)."""
+    or, with `traffic`, by the traffic profile's category shares (curator.scout.traffic_shares)."""
     if target_samples < 1:
         raise ConfigError(f"--target-samples must be at least 1, got {target_samples}")
     if not merged:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from curator.mix.dedup import _mix, _word_hashes, normalise_text
+from curator.rows.shingles import mix64, normalise_text, word_hashes
 
 BUCKETS = 1 << 14
 FEATURE_METHOD = "hashed-word-1-2-grams"
@@ -36,12 +36,12 @@ def feature_rows(texts: Sequence[str], buckets: int = BUCKETS) -> tuple[np.ndarr
     kept = [norms[i] for i in keep]
     counts = np.fromiter((t.count(" ") + 1 for t in kept), dtype=np.int64, count=len(kept))
     with np.errstate(over="ignore"):
-        words = _word_hashes(" ".join(kept))
+        words = word_hashes(" ".join(kept))
         doc = np.repeat(np.asarray(keep, dtype=np.int64), counts)
         # a bigram joins word i and i+1 of the same document
         same = np.concatenate((doc[1:] == doc[:-1], [False]))
         nxt = np.concatenate((words[1:], np.zeros(1, dtype=np.uint64)))
-        bigrams = _mix(words * _BIGRAM_MULT + nxt)[same]
+        bigrams = mix64(words * _BIGRAM_MULT + nxt)[same]
     hashes = np.concatenate((words, bigrams))
     docs = np.concatenate((doc, doc[same]))
     return docs, (hashes % np.uint64(buckets)).astype(np.int64)

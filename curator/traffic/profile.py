@@ -26,7 +26,7 @@ import numpy as np
 
 from curator.errors import ConfigError
 from curator.llm import LLMClient
-from curator.mix.readers import BrokenRow
+from curator.rows.readers import BrokenRow
 from curator.traffic.ask_llm import ask_categories
 from curator.traffic.classify import classify, user_text
 from curator.traffic.features import BUCKETS, FEATURE_METHOD, feature_rows
@@ -35,7 +35,7 @@ from curator.traffic.language import is_english
 from curator.traffic.read import TrafficRow, iter_traffic
 from curator.traffic.schema import CATEGORIES, Profile
 from curator.traffic.scrub import scrub
-from training.atomic import write_text
+from training.io.atomic import write_text
 
 EXAMPLES_PER_CATEGORY = 3
 EXAMPLE_CHARS = 240
@@ -92,7 +92,7 @@ class _Lengths:
         if tokenizer is not None:
             if not Path(tokenizer).is_dir():  # a name would send transformers to the Hub
                 raise ConfigError(f"--tokenizer {tokenizer}: not a folder (give the target's local model or tokenizer folder)")
-            from curator.mix.filters import TokenCounter  # loads transformers: only with --tokenizer
+            from curator.rows.tokens import TokenCounter  # loads transformers: only with --tokenizer
 
             self.counter = TokenCounter(tokenizer)
         self.unit = "tokens" if self.counter else "characters"

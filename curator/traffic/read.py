@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curator.mix.formats import NORMALISERS, MalformedRow, as_messages, detect_format
-from curator.mix.readers import BrokenRow, local_files, reader_for
-from curator.mix.schema import MixRow, is_mix, open_mix
-from curator.traffic.schema import unwrap_request
+from curator.rows.formats import NORMALISERS, MalformedRow, as_messages, detect_format
+from curator.rows.readers import BrokenRow, local_files, reader_for
+from curator.rows.schema import MixRow, is_mix, open_mix
+from curator.rows.formats import unwrap_request
 
 
 @dataclass(frozen=True)

@@ -88,21 +88,3 @@ def load_profile(path: str | Path) -> Profile:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise ConfigError(f"{path}: not a valid traffic profile: {where}: {first['msg']}") from None
-
-
-def unwrap_request(record: dict) -> dict:
-    """Return the request inside a request-log record.
-
-    Servers log the request itself (`{"messages": [...], "tools": [...], ...}`); request-log
-    middlewares and gateways wrap it (`{"body": {...}, "headers": ..., "ts": ...}`), sometimes
-    with the body as a JSON string. A record that is neither is returned as it is.
-    """
-    body = record.get("body")
-    if isinstance(body, str):
-        try:
-            body = json.loads(body)
-        except (json.JSONDecodeError, RecursionError):
-            return record
-    if isinstance(body, dict) and "messages" in body and "messages" not in record:
-        return body
-    return record

@@ -19,7 +19,7 @@ def run_dir(store_dir: Path, sharp_target: Path, tmp_path_factory: pytest.TempPa
     """A draft trained briefly on the tiny target's states at AUX_LAYERS, with a 64-token draft vocab."""
     import torch
 
-    from training.trainer import train
+    from training.train.trainer import train
 
     out = tmp_path_factory.mktemp("engines-run") / "run"
     threads = torch.get_num_threads()
@@ -36,7 +36,7 @@ def full_vocab_run(store_dir: Path, sharp_target: Path, tmp_path_factory: pytest
     """A draft whose vocabulary is the whole target's (no d2t/t2d in its exports)."""
     import json
 
-    from training.trainer import train
+    from training.train.trainer import train
 
     vocab = json.loads((sharp_target / "config.json").read_text())["vocab_size"]
     out = tmp_path_factory.mktemp("engines-full") / "run"

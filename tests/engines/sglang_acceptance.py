@@ -21,9 +21,9 @@ from sglang_cpu import SGLangDraft, SGLangProposer, captured_by_model_loop, conf
 
 def main() -> None:
     from curator.mix.prompts import mix_prompts
-    from training.evaluate import DraftProposer, evaluate, load_prompt_file, load_target, spread_by_category
-    from training.export import load_draft
-    from training.target_head import load_embeddings
+    from training.eval.decode import DraftProposer, evaluate, load_prompt_file, load_target, spread_by_category
+    from training.export.export import load_draft
+    from training.target.head import load_embeddings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)

@@ -21,10 +21,10 @@ from sglang_cpu import (  # noqa: E402
     config_layer_ids,
     sglang_layers_to_capture,
 )
-from training.evaluate import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
-from training.export import export_checkpoint, load_draft  # noqa: E402
-from training.layers import default_aux_layers, sglang_captured, sglang_config_ids  # noqa: E402
-from training.target_head import load_embeddings  # noqa: E402
+from training.eval.decode import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
+from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.target.layers import default_aux_layers, sglang_captured, sglang_config_ids  # noqa: E402
+from training.target.head import load_embeddings  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""training.sglang_rules against SGLang 0.5.23's whole model registry: for every class that
+"""training.target.sglang_rules against SGLang 0.5.23's whole model registry: for every class that
 `ModelRegistry` lists, SGLang's own `set_eagle3_layers_to_capture` (its own, inherited, or the one of
 the language model it builds) sets the same `layers_to_capture` the toolkit predicts, for the ids an
 export may write; a class without the method is one the toolkit refuses to export for."""
@@ -22,8 +22,8 @@ pytest.importorskip("sglang", reason="SGLang is not installed: run .ci/engines.s
 from sglang_cpu import init_sglang  # noqa: E402
 
 from training.errors import ModelMismatchError  # noqa: E402
-from training.layers import sglang_layers_to_capture  # noqa: E402
-from training.sglang_rules import RULE_OF_CLASS, SGLANG_CAPTURES_LAST_OUTPUT, SGLANG_VERSION  # noqa: E402
+from training.target.layers import sglang_layers_to_capture  # noqa: E402
+from training.target.sglang_rules import RULE_OF_CLASS, SGLANG_CAPTURES_LAST_OUTPUT, SGLANG_VERSION  # noqa: E402
 
 N = 32
 IDS: list[list[int] | None] = [None, [1, 15, 28], [2, 16, 29], [0, 1, 2], [5, 6, 7], [1, 20, 31], [2, 16, 32],

@@ -335,7 +335,7 @@ def _main() -> None:
 
 
 def write_mix(mix_dir: Any, rows: Sequence[dict[str, Any]], files: int = 1) -> Any:
-    """Write `rows` as a finished build-mix folder (the mix schema of curator/mix/schema.py, split
+    """Write `rows` as a finished build-mix folder (the mix schema of curator/rows/schema.py, split
     over `files` parquet parts, published with its manifest) for tests of this server's clients;
     return the folder. Rows may leave out source/category/turns/keep_responses (defaults: "test",
     "chat", "all", False) and may break the format, as a damaged mix would."""
@@ -343,7 +343,8 @@ def write_mix(mix_dir: Any, rows: Sequence[dict[str, Any]], files: int = 1) -> A
 
     import pyarrow as pa
 
-    from curator.mix.schema import SCHEMA, write_tables
+    from curator.mix.publish import write_tables
+    from curator.rows.schema import SCHEMA
 
     full = [{"source": "test", "category": "chat", "turns": "all", "keep_responses": False, **r} for r in rows]
     out = Path(mix_dir)

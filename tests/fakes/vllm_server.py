@@ -63,6 +63,8 @@ class FakeVllmServer:
         self.write_delay_s = write_delay_s
         self.report = report
         self.writers: list[threading.Thread] = []
+        self._writers_lock = threading.Lock()
+        self._closing = False
         self.requests = 0
         self.prompts: list[list[int]] = []
         self._ids = itertools.count()
@@ -102,9 +104,7 @@ class FakeVllmServer:
                 status, answer, write = server.complete(body)
                 self._send(status, answer)
                 if write is not None:  # as vLLM: the file is written after the answer has gone
-                    writer = threading.Thread(target=write, daemon=True)
-                    server.writers.append(writer)
-                    writer.start()
+                    server.start_writer(write)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -112,8 +112,21 @@ class FakeVllmServer:
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 
+    def start_writer(self, write: Callable[[], None]) -> None:
+        """Run `write` on a thread that __exit__ waits for. A thread joins only once started, so it
+        is started before it is listed, under the lock __exit__ takes to stop new ones."""
+        with self._writers_lock:
+            if self._closing:
+                return
+            writer = threading.Thread(target=write, daemon=True)
+            writer.start()
+            self.writers.append(writer)
+
     def __exit__(self, *exc: object) -> None:
-        for writer in self.writers:
+        with self._writers_lock:
+            self._closing = True
+            writers = list(self.writers)
+        for writer in writers:
             writer.join(timeout=10)
         if self._httpd is not None:
             self._httpd.shutdown()

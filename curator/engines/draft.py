@@ -1,0 +1,91 @@
+"""An exported draft read once: its layout, config and tensor shapes, as the doctor, eval and the
+engines' launch checks see it. Nothing is loaded onto a device; only the safetensors headers are read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+
+from curator.engines.launch import int_or_none
+from curator.errors import ConfigError
+from training.eagle3.layouts import Layout, layout_of
+from training.errors import ModelMismatchError
+
+
+@dataclass
+class DraftLayout:
+    """What an export directory holds: its layout (None: not one the toolkit knows), config and tensor shapes."""
+
+    path: Path
+    layout: Layout | None
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+
+    @property
+    def fmt(self) -> str:
+        return self.layout.name if self.layout else "unknown"
+
+    @property
+    def decoder_config(self) -> dict[str, Any]:
+        """Return the config block that describes the draft's decoder layer."""
+        return self.layout.decoder_config(self.config) if self.layout else {}
+
+    @property
+    def hidden_size(self) -> int | None:
+        return int_or_none(self.decoder_config.get("hidden_size"))
+
+    @property
+    def vocab_size(self) -> int | None:
+        return int_or_none(self.decoder_config.get("vocab_size"))
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        return int_or_none(self.config.get("draft_vocab_size"))
+
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        """Return the aux layer ids written for the layout's main reader, in its numbering, or None."""
+        return self.layout.written_layer_ids(self.config) if self.layout else None
+
+
+
+def read_draft(path: str | Path) -> DraftLayout:
+    """Return the layout of an export directory (config.json + *.safetensors headers)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError(f"draft directory {root} does not exist (give the output of `curator export`)")
+    config_path = root / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{config_path} is missing: {root} is not an exported draft") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{config_path} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_path} is not a JSON object: {root} is not an exported draft")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file, handle in safetensors_files(root):
+        for key in handle.keys():
+            shapes[key] = tuple(handle.get_slice(key).get_shape())
+    if not shapes:
+        raise ConfigError(f"no *.safetensors weights in {root}")
+    try:
+        layout: Layout | None = layout_of(config)
+    except ModelMismatchError:
+        layout = None
+    return DraftLayout(path=root, layout=layout, config=config, shapes=shapes)
+
+
+def safetensors_files(root: Path) -> Any:
+    """Yield (file, open handle) for each *.safetensors file; an unreadable one is a ConfigError."""
+    for file in sorted(root.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                yield file, handle
+        except (OSError, SafetensorError) as exc:
+            raise ConfigError(f"{file} is not a readable safetensors file ({exc}); was it copied completely?") from None

@@ -1,0 +1,256 @@
+"""Readers: raw rows of one source, from the Hub (via `datasets`, streamed) or local files.
+
+Every reader yields plain dicts, or a BrokenRow where a record could not even be parsed
+(a bad JSON line): those are counted as malformed, never fatal. A source can be read
+more than once (sampling may need a second pass), so readers are re-openable callables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from curator.errors import ConfigError, HubError
+
+
+class Location(Protocol):
+    """Where a source's rows are: what a recipe's source or decontamination entry gives a reader
+    (curator/mix/recipe.py validates them; this layer only reads)."""
+
+    dataset: str | None
+    path: str | None
+    config: str | None
+    split: str
+    data_files: str | list[str] | None
+    revision: str | None
+    scan: int | None
+    streaming: bool
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+_CHUNK = 1 << 20
+_SHUFFLE_BUFFER = 10_000
+
+
+@dataclass(frozen=True)
+class BrokenRow:
+    """A record that could not be parsed into a row; `reason` says why."""
+
+    reason: str
+
+
+Row = dict[str, Any] | BrokenRow
+RowSource = Callable[[], Iterator[Row]]
+
+
+def local_files(path: Path) -> list[Path]:
+    """Return the data files of a local source: the file itself, or a folder's files in name order."""
+    if path.is_file():
+        if not path.name.endswith(LOCAL_SUFFIXES):
+            raise ConfigError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
+        return [path]
+    if path.is_dir():
+        # hidden files and folders are not data (as for `datasets`)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
+                       and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts))
+        if not files:
+            raise ConfigError(f"{path}: folder has no .jsonl, .json or .parquet files")
+        return files
+    raise ConfigError(f"{path}: no such file or folder")
+
+
+def _as_row(value: Any, where: str) -> Row:
+    return value if isinstance(value, dict) else BrokenRow(f"record is {type(value).__name__}, not an object ({where})")
+
+
+def read_jsonl(path: Path) -> Iterator[Row]:
+    """Yield one row per non-blank line of a JSON Lines file."""
+    with path.open("rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
+                continue
+            except RecursionError:
+                yield BrokenRow(f"JSON nested too deep ({path.name}:{lineno})")
+                continue
+            yield _as_row(value, f"{path.name}:{lineno}")
+
+
+def read_json(path: Path) -> Iterator[Row]:
+    """Yield the rows of a .json file: a top-level array streamed element by element, else JSON Lines."""
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        head = fh.read(_CHUNK)
+        if not head.lstrip().startswith("["):
+            fh.close()
+            yield from read_jsonl(path)
+            return
+        yield from _json_array(fh, head, path)
+
+
+def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
+    # raw_decode one element at a time so that a 600 MB array never sits in memory as objects.
+    decoder = json.JSONDecoder()
+    pos = buf.index("[") + 1
+    eof = False
+    count = 0
+    while True:
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buf) or eof:
+                break
+            more = fh.read(_CHUNK)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+        if pos >= len(buf):
+            yield BrokenRow(f"JSON array not closed ({path.name})")
+            return
+        if buf[pos] == "]":
+            return
+        try:
+            value, end = decoder.raw_decode(buf, pos)
+        except RecursionError:
+            end = _value_end(buf, pos)
+            if end < 0 and not eof:  # the element goes on past the buffer: read more and look again
+                more = fh.read(_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            count += 1
+            yield BrokenRow(f"JSON nested too deep ({path.name}[{count - 1}])")
+            if end < 0:
+                return
+            pos = end
+            continue
+        except json.JSONDecodeError:
+            if eof:
+                yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
+                return
+            more = fh.read(_CHUNK)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+            continue
+        count += 1
+        yield _as_row(value, f"{path.name}[{count - 1}]")
+        pos = end
+        if pos > _CHUNK:
+            buf, pos = buf[pos:], 0
+
+
+def _value_end(buf: str, pos: int) -> int:
+    """Return the index just past the JSON array/object starting at `pos`, or -1 when it does not end in `buf`.
+
+    Brackets are counted without building anything, for a value nested too deep to decode.
+    """
+    depth, in_string, escaped = 0, False, False
+    for i in range(pos, len(buf)):
+        c = buf[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
+
+
+def read_parquet(path: Path) -> Iterator[Row]:
+    """Yield the rows of a parquet file, one record batch at a time."""
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(f"{path} is not a readable parquet file ({exc})") from None
+    for batch in parquet.iter_batches(batch_size=1024):
+        yield from batch.to_pylist()
+
+
+_READERS = {".jsonl": read_jsonl, ".json": read_json, ".parquet": read_parquet}
+
+
+def reader_for(path: Path) -> Callable[[Path], Iterator[Row]]:
+    """Return the reader of a local data file (one that `local_files` lists: .jsonl, .json or .parquet)."""
+    return _READERS[next(s for s in LOCAL_SUFFIXES if path.name.endswith(s))]
+
+
+def _local_rows(files: list[Path]) -> Iterator[Row]:
+    for f in files:
+        yield from reader_for(f)(f)
+
+
+def _hub_rows(spec: Location, seed: int) -> Iterator[Row]:
+    import datasets  # heavy import; only Hub sources pay for it
+
+    what = f"{spec.dataset} (config {spec.config or 'default'}, split {spec.split})"
+    try:
+        ds = datasets.load_dataset(
+            spec.dataset,
+            name=spec.config,
+            split=spec.split,
+            data_files=spec.data_files,
+            revision=spec.revision,
+            streaming=spec.streaming,
+        )
+    except Exception as exc:  # the datasets library raises many types; all mean "cannot load"
+        raise HubError(f"cannot load {what}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    if spec.scan is not None:
+        # A scan limit reads a prefix; shuffling shard order first makes that prefix a fairer sample.
+        if spec.streaming:
+            ds = ds.shuffle(seed=seed, buffer_size=_SHUFFLE_BUFFER).take(spec.scan)
+        else:
+            ds = ds.shuffle(seed=seed).select(range(min(spec.scan, len(ds))))
+    it = iter(ds)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:  # network or decoding failure mid-stream: the source cannot be read
+            raise HubError(f"reading {what} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        yield _as_row(row, what)
+
+
+def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | None = None) -> RowSource:
+    """Return a callable that yields the source's rows from the start each time it is called.
+
+    With `confine_to`, a local source (every file of it, symlinks followed) must lie in that folder.
+    """
+    if spec.path is not None:
+        path = Path(spec.path)
+        files = local_files(path if path.is_absolute() else base_dir / path)
+        if confine_to is not None:
+            root = confine_to.resolve()
+            outside = [f for f in files if not f.resolve().is_relative_to(root)]
+            if outside:
+                raise ConfigError(
+                    f"source path {spec.path!r} reads {outside[0]}, outside the recipe's folder {root}; "
+                    "move the data under that folder, or run build-mix with --allow-outside-paths"
+                )
+        if spec.scan is not None:
+            return lambda: _take(_local_rows(files), spec.scan)
+        return lambda: _local_rows(files)
+    return lambda: _hub_rows(spec, seed)
+
+
+def _take(rows: Iterator[Row], n: int) -> Iterator[Row]:
+    for i, row in enumerate(rows):
+        if i >= n:
+            return
+        yield row

@@ -1,0 +1,1 @@
+"""The EAGLE-3 draft kind: the model, its weights, its TTT attention and objective, its vocabulary, its export layouts."""

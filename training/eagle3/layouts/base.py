@@ -1,0 +1,175 @@
+"""What every export layout is: the typed contract `export`, `load_draft` and `curator doctor` use.
+
+A layout owns, for one serving format: its config.json (writer and reader), its weight names (the
+map from the toolkit's names and back), which weights it carries, how its layer ids are numbered and
+which engines read them. Adding a layout is one module here plus one line in the registry
+(training/eagle3/layouts/__init__.py); docs/adding-a-layout-or-engine.md says what else it needs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from training.errors import ModelMismatchError
+
+if TYPE_CHECKING:  # torch loads only where weights are touched: `curator doctor`'s usage error stays fast
+    import torch
+
+    from training.eagle3.model import DraftConfig
+
+# The one decoder layer of an EAGLE-3 draft, relative to its prefix (midlayer. in the toolkit's names).
+DECODER_KEYS = (
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
+)
+INTERNAL_PREFIX = "midlayer."
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """What a layout writes from: the trained draft, its layers, and what is known of its target."""
+
+    draft: DraftConfig
+    layer_inputs: list[int]  # the target layers the draft was trained on, as layer inputs
+    target_architecture: str | None
+    target_layers: int
+    target_config: dict[str, Any]
+    provenance: dict[str, Any]  # recorded under "curator" in the config
+    verifier: str  # the target's Hub id (or folder) for layouts that name one
+    speculative_tokens: int
+
+
+def llama_fields(cfg: DraftConfig) -> dict[str, Any]:
+    """Return the Llama-config fields that describe the draft's decoder layer."""
+    return {
+        "model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim, "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling,
+        "max_position_embeddings": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
+    }
+
+
+class Layout(ABC):
+    """One serving format of an EAGLE-3 draft."""
+
+    name: ClassVar[str]  # --format NAME
+    architecture: ClassVar[str]  # config.json `architectures[0]`, how a reader recognises it
+    decoder_prefix: ClassVar[str]  # the decoder layer's weight-name prefix in the file
+    carries_embeddings: ClassVar[bool]  # embed_tokens.weight in the file (else the engine shares the target's)
+
+    # ---------------------------------------------------------------- writing
+
+    @abstractmethod
+    def config(self, source: ExportSource) -> dict[str, Any]:
+        """Return the config.json for a draft, its ids in the numbering of this layout's readers.
+
+        Raises ModelMismatchError when a reader of this layout cannot be told to serve it as trained.
+        """
+
+    def file_weights(self, weights: dict[str, torch.Tensor], embeddings: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Return the weights under this layout's names, floats in bf16 (d2t/t2d left out for a full vocabulary)."""
+        import torch
+
+        drop = {"embed_tokens.weight"} | ({"d2t", "t2d"} if same_vocab(weights) else set())
+        out = {}
+        if self.carries_embeddings and embeddings is not None:
+            out["embed_tokens.weight"] = embeddings.to(torch.bfloat16).contiguous()
+        for name, t in weights.items():
+            if name in drop:
+                continue
+            if name.startswith(INTERNAL_PREFIX):
+                name = self.decoder_prefix + name[len(INTERNAL_PREFIX):]
+            out[name] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous()
+        return out
+
+    # ---------------------------------------------------------------- reading
+
+    def recognises(self, config: dict[str, Any]) -> bool:
+        """Return whether a config.json is of this layout."""
+        return self.architecture in (config.get("architectures") or [])
+
+    def decoder_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Return the config block that describes the draft's decoder layer."""
+        return config
+
+    @abstractmethod
+    def written_layer_ids(self, config: dict[str, Any]) -> list[int] | None:
+        """Return the aux layer ids written for this layout's main reader, in its numbering (None: none)."""
+
+    @abstractmethod
+    def served(self, config: dict[str, Any], target_config: dict[str, Any]) -> dict[str, list[int]]:
+        """Return, per engine that reads this layout, the target layers (as inputs) it feeds the draft."""
+
+    def config_problems(self, config: dict[str, Any]) -> list[str]:
+        """Return what in a config.json of this layout its readers refuse (beyond the shared fields)."""
+        return []
+
+    def verifier(self, config: dict[str, Any]) -> str | None:
+        """Return the target a reader of this layout serves by name (None: the layout names none)."""
+        return None
+
+    def fc_aux_count(self, config: dict[str, Any]) -> int:
+        """Return how many aux states the readers build fc for: `num_aux_hidden_states` first (both
+        engines' EAGLE-3 drafts), else the count of the ids written, else 3."""
+        count = self.decoder_config(config).get("num_aux_hidden_states")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            return count
+        ids = self.written_layer_ids(config)
+        return len(ids) if ids else 3
+
+    def internal_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Return file weights under the toolkit's names."""
+        return {(INTERNAL_PREFIX + k[len(self.decoder_prefix):] if k.startswith(self.decoder_prefix) else k): v
+                for k, v in weights.items()}
+
+    def required_weights(self, small_vocab: bool) -> list[str]:
+        """Return the tensor names a reader of this layout needs in the file."""
+        maps = ["d2t", "t2d"] if small_vocab else []
+        return ["fc.weight", "norm.weight", "lm_head.weight", *maps, *(self.decoder_prefix + k for k in DECODER_KEYS)]
+
+    def served_layer_inputs(self, config: dict[str, Any], target_config: dict[str, Any] | None) -> list[int]:
+        """Return the target layers (as inputs) this layout's main reader feeds the draft.
+
+        Needs the target's config when the numbering depends on it; without it, an export of this
+        toolkit answers from its record.
+        """
+        if target_config is None or not target_config.get("num_hidden_layers"):
+            recorded = (config.get("curator") or {}).get("aux_layer_inputs")
+            if recorded:
+                return sorted(int(i) for i in recorded)
+            raise ModelMismatchError("the draft's layers depend on the target; pass the target's model folder")
+        return next(iter(self.served(config, target_config).values()))
+
+    def draft_config(self, config: dict[str, Any], target_config: dict[str, Any] | None) -> DraftConfig:
+        """Return the draft's config as the toolkit builds it, read from an export's config.json."""
+        from training.eagle3.model import DraftConfig
+
+        layer = self.decoder_config(config)
+        layer_ids = self.served_layer_inputs(config, target_config)
+        return DraftConfig(
+            hidden_size=int(layer["hidden_size"]),
+            target_hidden_size=int(config.get("target_hidden_size") or layer["hidden_size"]),
+            num_attention_heads=int(layer["num_attention_heads"]),
+            num_key_value_heads=int(layer["num_key_value_heads"]),
+            head_dim=layer.get("head_dim"),
+            intermediate_size=int(layer["intermediate_size"]),
+            vocab_size=int(layer["vocab_size"]),
+            draft_vocab_size=int(config["draft_vocab_size"]),
+            num_aux_layers=len(layer_ids) or 3,
+            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(layer.get("rope_theta", 10000.0)),
+            rope_scaling=layer.get("rope_scaling"),
+            max_position_embeddings=int(layer.get("max_position_embeddings", 8192)),
+            aux_layer_ids=[int(i) for i in layer_ids],
+        )
+
+
+def same_vocab(weights: dict[str, torch.Tensor]) -> bool:
+    """Return whether the draft vocabulary is the whole target vocabulary, in order."""
+    d2t, t2d = weights["d2t"], weights["t2d"]
+    return d2t.numel() == t2d.numel() and not bool(d2t.any()) and bool(t2d.all())

@@ -1,0 +1,217 @@
+"""Export a trained draft for serving in one of the layouts of training/eagle3/layouts/, and load any back.
+
+What each layout writes is its own module's business (training/eagle3/layouts/sglang.py, speculators.py);
+this module does what every export shares: read and check the checkpoint (finite weights, fc and
+d2t as the config says), gather what the layout needs to know of the target, and publish the folder
+safely: one export at a time per output (a lock beside it), the temporary folders of killed exports
+swept, the new folder renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from training.train.checkpoint import layer_ids as checkpoint_layer_ids
+from training.train.checkpoint import read_checkpoint, read_weights
+from training.eagle3.model import DraftConfig, Eagle3Draft
+from training.eagle3.weights import check_servable
+from training.errors import ModelMismatchError, TrainingError
+from training.eagle3.layouts import FORMATS, ExportSource, Layout, layout_named, layout_of
+from training.io.outlock import OutputLock
+from training.target.config import read_target_config
+from training.target.head import load_embeddings
+
+__all__ = ["FORMATS", "WEIGHTS_FILE", "export_checkpoint", "is_hub_id", "load_draft", "read_export_config"]
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TMP_SUFFIX = ".tmp"  # `.NAME.<6 hex>.tmp`: a new export being written beside NAME
+ASIDE_SUFFIX = ".old"  # `.NAME.<6 hex>.old`: the earlier export, renamed aside while the new one goes in
+
+
+def _target_shape(meta: dict[str, Any]) -> tuple[str | None, int]:
+    """Return (target class, layer count) recorded in the checkpoint, else read from the target."""
+    cfg = meta.get("target_config") or {}
+    if not cfg.get("num_hidden_layers") and Path(str(meta.get("target_dir", ""))).exists():
+        cfg = read_target_config(meta["target_dir"])
+    if not cfg.get("num_hidden_layers"):
+        raise TrainingError("the checkpoint records no target layer count and its target_dir is gone; "
+                            "the layer ids cannot be written for the engine")
+    arch = (cfg.get("architectures") or [None])[0]
+    return arch, int(cfg["num_hidden_layers"])
+
+
+def is_hub_id(name: str) -> bool:
+    """Return whether `name` reads as a Hub repository id (org/name), not a local path."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+
+
+def _verifier(meta: dict[str, Any], verifier: str | None) -> str:
+    """Return the verifier for the speculators config: the one given, else the target's recorded name.
+
+    vLLM resolves `verifier.name_or_path` as a Hub id; a local folder is written only when nothing
+    better is known, and `curator export` and `curator doctor` then say to pass --verifier.
+    """
+    if verifier:
+        return verifier
+    name = str((meta.get("target_config") or {}).get("_name_or_path") or "")
+    return name if is_hub_id(name) else str(meta["target_dir"])
+
+
+def export_checkpoint(
+    ckpt_dir: str | Path, out_dir: str | Path, fmt: str = "sglang", *, verifier: str | None = None,
+    target_dir: str | Path | None = None,
+) -> Path:
+    """Write the checkpoint (or a run's latest) as a servable draft in `fmt`; return `out_dir`.
+
+    `verifier` is the target's Hub id for the speculators layout; `target_dir` overrides where the
+    target's embeddings are read from (speculators layout) when the recorded folder moved.
+    """
+    layout = layout_named(fmt)
+    ckpt, meta, weights = read_checkpoint(ckpt_dir)
+    cfg = DraftConfig.from_dict(meta["draft_config"])
+    check_servable(weights, cfg, f"checkpoint {ckpt}")
+    ids = checkpoint_layer_ids(meta)
+    if len(ids) != cfg.num_aux_layers:
+        raise ModelMismatchError(f"checkpoint {ckpt} records {len(ids)} aux layers {ids} but its fc fuses "
+                                 f"{cfg.num_aux_layers}; re-train or fix its meta.json")
+    arch, num_layers = _target_shape(meta)
+    source = ExportSource(
+        draft=cfg, layer_inputs=ids, target_architecture=arch, target_layers=num_layers,
+        target_config=meta.get("target_config") or {}, verifier=_verifier(meta, verifier),
+        speculative_tokens=min(3, int(meta.get("ttt_steps") or 3)),
+        provenance={"checkpoint": str(ckpt.resolve()), "step": meta["step"], "target_dir": meta["target_dir"],
+                    "vocab": meta.get("vocab", {}), "ttt_steps": meta.get("ttt_steps"),
+                    # the layers the draft was trained on, as layer inputs, whatever the engine's numbering
+                    "aux_layer_inputs": ids, "split": meta.get("split")},
+    )
+    config = layout.config(source)  # refuses what the layout's engines cannot serve as trained
+    embeddings = None
+    if layout.carries_embeddings:
+        origin = target_dir or meta["target_dir"]
+        if not Path(str(origin)).exists():
+            raise TrainingError(f"the target folder {origin} is gone; pass --target with the target's model folder "
+                                f"(the {layout.name} layout carries the target's embeddings)")
+        embeddings = load_embeddings(origin)
+    return _publish(Path(out_dir).resolve(), layout.file_weights(weights, embeddings), config)
+
+
+def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
+    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export"):
+        _sweep_stale(out)  # under the lock: no live export of `out` owns any of them; may restore `out`
+        _check_replaceable(out)
+        tag = uuid.uuid4().hex[:6]
+        tmp = out.with_name(f".{out.name}.{tag}{TMP_SUFFIX}")
+        tmp.mkdir()
+        old = out.with_name(f".{out.name}.{tag}{ASIDE_SUFFIX}")
+        try:
+            save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+            if out.exists():
+                os.replace(out, old)  # an earlier export only (_check_replaceable); removed once replaced
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not out.exists():
+                os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _sweep_stale(out: Path) -> list[Path]:
+    """Clean up after killed exports of `out` (hold its lock); return the folders removed.
+
+    A kill between writing and renaming leaves a temporary folder (`.NAME.<6 hex>.tmp`); a kill between
+    the two renames leaves the earlier export renamed aside (`.NAME.<6 hex>.old`) and `out` missing:
+    that earlier export is renamed back, not deleted. Only folders by these names holding nothing but
+    an export's files are taken: a folder of the user's that happens to match is kept.
+    """
+    def ours(suffix: str) -> list[Path]:
+        pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}{re.escape(suffix)}")
+        return sorted(
+            (path for path in out.parent.iterdir()
+             if pattern.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
+             and {p.name for p in path.iterdir()} <= {CONFIG_FILE, WEIGHTS_FILE}),
+            key=lambda path: path.stat().st_mtime,
+        )
+
+    asides = ours(ASIDE_SUFFIX)
+    if asides and not out.exists() and not out.is_symlink():
+        os.replace(asides.pop(), out)  # killed between the two renames: the earlier export is back
+    removed = []
+    for path in [*ours(TMP_SUFFIX), *asides]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse an --out that is a file or a folder holding anything but an earlier export."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise TrainingError(f"--out {out} is a file; export into a new or empty directory")
+    others = sorted(p.name for p in out.iterdir() if p.name not in {CONFIG_FILE, WEIGHTS_FILE})
+    if others:
+        raise TrainingError(
+            f"--out {out} holds other files ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); "
+            "export into a new or empty directory (only an earlier export is replaced)"
+        )
+
+
+def read_export_config(export_dir: str | Path) -> dict[str, Any]:
+    """Return an export's config.json as a dict; TrainingError when it is missing or not a JSON object."""
+    root = Path(export_dir)
+    try:
+        config = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TrainingError(f"{root} is not an exported draft (config.json unreadable: {exc})") from exc
+    if not isinstance(config, dict):
+        raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
+    return config
+
+
+def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> Eagle3Draft:
+    """Return the draft in an export directory (any layout), float32, in eval mode.
+
+    Embeddings come from the export when it has them, else from `target_dir` (or the target
+    recorded at export time when that directory still exists). Non-finite or mis-shaped weights are
+    refused (ModelMismatchError).
+    """
+    root = Path(export_dir)
+    config = read_export_config(root)
+    target = target_dir or (config.get("curator") or {}).get("target_dir")
+    target_config = read_target_config(target) if target and Path(target).exists() else None
+    layout: Layout = layout_of(config)
+    try:
+        cfg = layout.draft_config(config, target_config)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ModelMismatchError(f"{root}/config.json lacks or garbles a field the draft needs ({exc!r}); "
+                                 "re-export the draft with curator export") from exc
+    weights = layout.internal_weights(read_weights(root / WEIGHTS_FILE))
+    weights = {k: (v.float() if v.is_floating_point() else v) for k, v in weights.items()}
+    check_servable(weights, cfg, f"export {root}")
+    draft = Eagle3Draft(cfg)
+    missing, unexpected = draft.load_state_dict(weights, strict=False)
+    # d2t/t2d are left out of an export whose draft vocabulary is the target's (identity maps)
+    optional = {"embed_tokens.weight"} | ({"d2t", "t2d"} if cfg.draft_vocab_size == cfg.vocab_size else set())
+    if unexpected or set(missing) - optional:
+        raise ModelMismatchError(f"{root} weights do not fit its config (missing {missing}, unexpected {unexpected})")
+    if "embed_tokens.weight" in missing:
+        if not target or not Path(target).exists():
+            raise TrainingError(f"{root} has no embeddings; pass the target's model directory to load them from")
+        draft.load_embeddings(load_embeddings(target))
+    return draft.eval()

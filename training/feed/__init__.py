@@ -1,0 +1,1 @@
+"""Feeding the trainer: batches from a store or online, packed without padding, read ahead."""

@@ -1,0 +1,1 @@
+"""Generation records (curator generate's output) and the training rows they yield: token ids and loss masks."""

@@ -1,0 +1,1 @@
+"""The hidden-state store: shards, index, meta, streamed safetensors files."""
