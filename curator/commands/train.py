@@ -14,7 +14,7 @@ from rich.progress import Progress, TaskID, TextColumn
 
 from curator.errors import CatalogError, ConfigError
 from curator.loss_report import LOSS_NOTE, loss_text
-from curator.ui import console, progress, rows_table, summary_table
+from curator.ui import console, fit_line, progress, rows_table, summary_table
 from training.errors import TrainingError
 from training.train.config import TrainConfig, load_run_config
 
@@ -72,9 +72,11 @@ def training_metrics(bar: Progress, description: str) -> Callable[[dict[str, Any
                        status=f"{loss_text(record)}  acc {_fmt_acc(record['acc'][:3])}  "
                               f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
         else:
-            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
-                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
-                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
+            # broken between a label and the next, never inside one: at 80 columns a number stays by its name
+            line = fit_line([f"eval step {record['step']}:", loss_text(record), f"acc {_fmt_acc(record['acc'])}",
+                             f"accept length {record['accept_length']:.3f}",
+                             f"simulated {record.get('sim_accept_length', float('nan')):.3f}"], bar.console.width)
+            bar.console.print(line, highlight=False, markup=False)
 
     return show
 
@@ -86,7 +88,7 @@ def train(
              "Every option is a field of training.train.config.TrainConfig (see docs/training.md)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in `out` from its latest checkpoint."),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after N optimizer steps of this run, with a checkpoint; continue it later with --resume (for time-limited jobs)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in."),
 ) -> None:
     """Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.
@@ -119,9 +121,11 @@ def train(
     if not (result.eval or result.train or {}).get("target_entropy"):
         console.print(f"[dim]{LOSS_NOTE}[/]", highlight=False)
     if final:
-        console.print(rows_table(["TTT step", "acc", "cond acc"],
-                                 [(k, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
-                                 title="per-step accuracy (eval)" if result.eval else "per-step accuracy (train)"))
+        # TTT step k drafts the token at position k + 1: named by position, as `curator eval` names them
+        console.print(rows_table(["draft position", "acc", "cond acc"],
+                                 [(k + 1, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
+                                 title=f"accuracy per draft position, K={len(final['acc'])} "
+                                       f"({'eval' if result.eval else 'train'})"))
     _record_run(catalog, result, cfg)
 
 
