@@ -14,7 +14,7 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
-from curator.ui import fit_line, progress, summary_table
+from curator.ui import progress, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,8 @@ def at_80(*renderables: object) -> str:
 
 
 def run_at_80(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    # this checkout's curator, whichever one the environment installed
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb", "PYTHONPATH": str(REPO)}
     env.pop("FORCE_COLOR", None)
     return subprocess.run([sys.executable, "-m", "curator", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -73,6 +74,8 @@ def test_build_mix_shows_each_sources_kept_count_whole(tmp_path: Path) -> None:
 
 
 def test_an_eval_line_breaks_between_figures_never_inside_one() -> None:
+    from curator.ui import fit_line
+
     pieces = ["eval step 600:", "KL 0.138", "acc 0.97 0.93 0.88 0.80", "accept length 3.421", "simulated 3.730"]
     text = fit_line(pieces, 80)
     lines = text.splitlines()

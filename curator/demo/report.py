@@ -111,7 +111,7 @@ def figures(report: DemoReport) -> dict[str, Any]:
                      label=f"draft position {k + 1}")
         ax2.set_xlabel("step")
         ax2.set_ylabel("accuracy (unconditional)")
-        ax2.set_title(f"Accuracy per draft position (training, K={steps})")
+        ax2.set_title(f"Accuracy per draft position, K={steps}")
         if steps:
             ax2.legend(fontsize=7)
         out["Training"] = fig
@@ -129,7 +129,7 @@ def figures(report: DemoReport) -> dict[str, Any]:
         ax.set_ylabel("P(accepted)")
         ax.set_ylim(0, 1)
         k = max(len(report.acceptance_measured), len(report.acceptance_estimated))
-        ax.set_title(f"Acceptance per draft position (eval, K={k})")
+        ax.set_title(f"Acceptance per draft position, K={k}")
         ax.legend(fontsize=7)
         out["Acceptance"] = fig
     return out
@@ -142,7 +142,8 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         "<!doctype html><html><head><meta charset='utf-8'><title>curator demo report</title>",
         "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}"
-        "code{background:#f4f4f4;padding:1px 4px;font-size:90%}img{max-width:100%}</style></head><body>",
+        "code{background:#f4f4f4;padding:1px 4px;font-size:90%}img{max-width:100%}"
+        ".plots{display:flex;flex-wrap:wrap;gap:1em 2em;align-items:flex-start}figure{margin:0}</style></head><body>",
         "<h1>curator demo report</h1>",
         "<p>Every stage ran for real on a tiny target made on the spot (demo data, not a real data set). "
         f"Workdir: <code>{html.escape(str(report.workdir))}</code>.</p>",
@@ -167,8 +168,16 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
             f"<td><code>{html.escape(stage.command)}</code></td></tr>"
         )
     parts.append("</table>")
-    for title, uri in plots(report).items():
-        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>")
+    made = plots(report)
+    # the two narrow plots first, side by side, then the wide training one under them
+    shown = {t: made[t] for t in ("Mix composition", "Acceptance", "Training", *made) if t in made}
+    if shown:
+        # side by side where the page is wide enough: stacked one under the other, the narrow plots left
+        # most of the page empty beside and below them
+        parts.append("<h2>Plots</h2><div class='plots'>")
+        for title, uri in shown.items():
+            parts.append(f"<figure><img alt='{html.escape(title)}' src='{uri}'></figure>")  # each plot has its title
+        parts.append("</div>")
     parts.append("</body></html>")
     return write_text(path, "\n".join(parts))
 
