@@ -9,7 +9,7 @@ that a change in what the demo learns fails a test until the demo is run again:
     curator demo --workdir /tmp/demo-quick --quick --fresh
     python3 -m bench.demo_figures --default /tmp/demo --quick /tmp/demo-quick   # rewrites the file
 
-then the README's demo paragraph takes the new figures (`tests/test_first_hour_readme.py` says
+then the README's demo paragraph takes the new figures (`tests/first_hour/test_first_hour_readme.py` says
 which differ). Every demo stage is seeded and runs torch on one thread, so a run gives the same
 figures wherever the environment is the lock (constraints.txt, `bench/lock.py`) and torch's CPU
 kernels take the same vector path (AVX2 here: `torch.backends.cpu.get_cpu_capability()`); other

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 from bench.reference.modes import mismatch_share, text_copy  # noqa: E402
 from bench.reference.target import build_reference_target, code_windows, python_sources, split_sources  # noqa: E402
 from curator.generate import GenerateConfig, generate  # noqa: E402
-from curator.rows.schema import write_tables  # noqa: E402
+from curator.mix.publish import write_tables  # noqa: E402
 from training.capture import hidden_states  # noqa: E402
 from training.io.atomic import write_text  # noqa: E402
 from training.eval.decode import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402

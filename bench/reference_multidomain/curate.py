@@ -142,7 +142,8 @@ def mix_ids(mix_dir: Path) -> list[str]:
 
 def union_mix(mix_dirs: list[Path], out: Path) -> int:
     """Write one mix holding every row of `mix_dirs` once (by id); return its row count."""
-    from curator.rows.schema import open_mix, write_tables
+    from curator.mix.publish import write_tables
+    from curator.rows.schema import open_mix
 
     tables = [pq.read_table(f) for d in mix_dirs for f in open_mix(d).files]
     table = pa.concat_tables(tables, promote_options="default")

@@ -78,7 +78,7 @@ def forecast_command(
             console.print(f"[yellow]note:[/] every draft trains max_steps={base['max_steps']}: the larger subsets see "
                           "fewer epochs, so the fitted curve is the one at this compute; train the real draft the same "
                           "way or set epochs instead", highlight=False)
-        from curator.commands.train import training_metrics
+        from curator.train_progress import training_metrics
         from curator.ui import progress
 
         bar = progress(TextColumn("{task.fields[status]}"))  # one bar per subset's draft, as `curator train` draws

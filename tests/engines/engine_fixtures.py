@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_trainer import AUX_LAYERS, sharp_target, store_dir, tiny_config  # noqa: E402,F401  (fixtures)
+from tests.training.train.test_trainer import AUX_LAYERS, sharp_target, store_dir, tiny_config  # noqa: E402,F401  (fixtures)
 
 
 @pytest.fixture(scope="session")

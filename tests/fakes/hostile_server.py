@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fakes.openai_server import FakeOpenAIServer
+from tests.fakes.openai_server import FakeOpenAIServer
 
 
 @dataclass

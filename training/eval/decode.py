@@ -18,7 +18,7 @@ coin and child c is accepted with probability p(c); when all are rejected the bo
 from p without them. Drawing one token x ~ p per node and accepting the child equal to x has exactly
 that law, so that is how it runs here: `argmax` becomes one draw per tree node. The output is then a
 sample of the target at that temperature (the check against greedy decoding does not apply), and a
-simulation on the sampled output's own states replays its cycles exactly (tests/test_sampled_eval.py).
+simulation on the sampled output's own states replays its cycles exactly (tests/training/eval/test_sampled_eval.py).
 
 The draft's pairing follows EAGLE-3 training: the target's aux states at position j go with token
 j+1 (the token the target chose after seeing j), at draft position j, and predict token j+2. Aux

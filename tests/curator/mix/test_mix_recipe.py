@@ -1,0 +1,102 @@
+"""Recipes: the bundled ones validate against the real schemas; bad ones name the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from curator.errors import ConfigError
+from curator.mix import load_recipe, read_manifest
+from curator.rows.schema import MANIFEST
+
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_bundled_recipes_load_with_the_documented_splits_and_configs():
+    agentic = load_recipe(RECIPES / "agentic-coding-100k.yaml")
+    by_id = {s.dataset: s for s in agentic.sources}
+    assert by_id["nvidia/OpenCodeInstruct"].config == "train"
+    assert by_id["HuggingFaceH4/ultrachat_200k"].split == "train_sft"
+    assert by_id["Aeala/ShareGPT_Vicuna_unfiltered"].split == "train"
+    assert by_id["open-r1/Mixture-of-Thoughts"].config in ("all", "code")
+    assert by_id["SWE-Factory/DeepSWE-Agent-Kimi-K2-Trajectories-2.8K"].keep_responses
+    assert sum(s.samples for s in agentic.sources if s.category == "agentic") == 22800
+    paper = load_recipe(RECIPES / "eagle3-paper.yaml")
+    assert [s.samples for s in paper.sources][0] == 68000
+    assert sum(s.samples for s in paper.sources[1:]) == pytest.approx(464000, rel=0.01)
+    assert load_recipe(RECIPES / "perfectblend-100k.yaml").total_samples() == 100000
+
+
+def test_unknown_key_is_an_error_naming_key_and_file(tmp_path):
+    path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: 5\n    formt: sharegpt\n")
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    assert str(path) in str(err.value) and "sources[0].formt: unknown key" in str(err.value)
+
+
+def test_bad_values_are_errors_naming_the_key(tmp_path):
+    path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: -1\n    format: csv\ndedup: {near: 1.5}\n")
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    msg = str(err.value)
+    assert "sources[0].samples" in msg and "sources[0].format" in msg and "dedup.near" in msg and str(path) in msg
+
+
+def test_source_needs_exactly_one_location(tmp_path):
+    path = _write(tmp_path, "name: x\nsources:\n  - dataset: a/b\n    path: c.jsonl\n    samples: 1\n")
+    with pytest.raises(ConfigError, match="exactly one of `dataset`"):
+        load_recipe(path)
+
+
+def test_duplicate_source_names_are_refused(tmp_path):
+    path = _write(tmp_path, "name: x\nsources:\n  - dataset: a/b\n    samples: 1\n  - dataset: a/b\n    samples: 2\n")
+    with pytest.raises(ConfigError, match="give it a `name:`"):
+        load_recipe(path)
+
+
+def test_broken_yaml_names_file_and_line(tmp_path):
+    path = _write(tmp_path, "name: x\nsources: [\n  - bad: {\n")
+    with pytest.raises(ConfigError, match=rf"{path}: line \d+"):
+        load_recipe(path)
+
+
+def test_near_false_switches_near_dedup_off(tmp_path):
+    path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: 1\ndedup: {exact: true, near: false}\n")
+    assert load_recipe(path).dedup.near is None
+
+
+def test_recipe_paths_are_confined_to_the_recipe_folder_unless_allowed(tmp_path, capsys):
+    from curator.cli import main
+
+    secret = tmp_path / "secretdir"
+    secret.mkdir()
+    (secret / "creds.json").write_text('{"conversations": [{"from": "human", "value": "API_KEY=sk-very-secret"}]}\n')
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "link.json").symlink_to(secret / "creds.json")
+    catalog = ["--catalog", str(tmp_path / "c.duckdb")]
+    for source in ("../secretdir/creds.json", str(secret / "creds.json"), "data/link.json", "data"):
+        recipe = project / "recipe.yaml"
+        recipe.write_text(f"name: confined\nsources:\n  - path: {source}\n    samples: 1\n")
+        capsys.readouterr()
+        assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "outside the recipe's folder" in err and "--allow-outside-paths" in err
+        assert not (project / "mix" / MANIFEST).exists()
+    # The permission is the caller's: a recipe that grants it to itself is refused, naming the flag.
+    recipe.write_text("name: opted-out\nallow_outside_paths: true\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
+    capsys.readouterr()
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "`allow_outside_paths` is not a recipe key" in err and "--allow-outside-paths" in err
+    assert not (project / "mix").exists()
+    recipe.write_text("name: opted-out\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), "--allow-outside-paths", *catalog]) == 0
+    assert read_manifest(project / "mix")["rows"] == 1

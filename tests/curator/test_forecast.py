@@ -1,0 +1,192 @@
+"""`curator forecast`: the law fitted, the samples for a goal with a band, the refusals, the cost,
+the break-even, and the nested subsets the drafts are trained on."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from curator import forecast as fc
+from curator.cli import main
+from curator.errors import ConfigError
+from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
+
+
+def loglinear(ns, a=1.2, b=0.15, wiggle=(0.004, -0.006, 0.005, -0.003)):
+    return [fc.Point(n, a + b * math.log(n) + w) for n, w in zip(ns, wiggle)]
+
+
+def saturating(ns, a=-4.0, b=0.5, steps=4, wiggle=(0.003, -0.004, 0.004, -0.002, 0.001)):
+    return [fc.Point(n, 1 + steps / (1 + math.exp(-(a + b * math.log(n)))) + w) for n, w in zip(ns, wiggle)]
+
+
+def test_log_linear_points_forecast_the_samples_for_the_goal_inside_the_band() -> None:
+    pts = loglinear([250, 500, 1000, 2000])
+    truth = math.exp((3.0 - 1.2) / 0.15)  # ~163K
+    out = fc.forecast_category("code", pts, goal=3.0, steps=7)
+    assert out.verdict == "forecast" and out.law == "log-linear"
+    assert out.needed == pytest.approx(truth, rel=0.25)
+    lo, hi = out.band
+    assert lo < out.needed < hi and lo < truth < hi
+
+
+def test_saturating_points_pick_the_saturating_law_by_residual() -> None:
+    pts = saturating([100, 400, 1600, 3200])
+    out = fc.forecast_category("code", pts, goal=3.5, steps=4)
+    assert out.law == "saturating" and out.fits["saturating"].rmse < out.fits["log-linear"].rmse
+    truth = math.exp((math.log(2.5 / 1.5) + 4.0) / 0.5)
+    assert out.needed == pytest.approx(truth, rel=0.2)
+    # the fitted saturating curve never passes the chain's ceiling K + 1
+    assert out.fits["saturating"].predict(1e12) <= 5.0
+
+
+def test_too_few_runs_give_no_number() -> None:
+    out = fc.forecast_category("chat", loglinear([500, 1000]), goal=3.0, steps=7)
+    assert out.verdict == "too few runs" and out.needed is None and out.band is None
+
+
+def test_flat_curve_is_called_flat_instead_of_extrapolated() -> None:
+    pts = [fc.Point(n, 1.8 + w) for n, w in zip([250, 500, 1000, 2000], (0.01, -0.012, 0.013, -0.009))]
+    out = fc.forecast_category("chat", pts, goal=3.0, steps=7)
+    assert out.verdict == "flat" and out.needed is None and "not the lever" in out.reason
+
+
+def test_a_goal_hundreds_of_times_past_the_largest_run_gets_no_number() -> None:
+    # 1.40 -> 1.54 over 250-2,000 samples: 3.0 lies ~1e11 samples out on that line
+    pts = [fc.Point(n, 1.26 + 0.068 * math.log(n / 137) + w) for n, w in zip([137, 273, 546, 1093], (0.004, -0.003, 0.002, 0))]
+    out = fc.forecast_category("code", pts, goal=3.0, steps=4)
+    assert out.verdict == "beyond the data" and out.needed is None and out.band is None
+    assert "more of this data alone" in out.reason
+
+
+def test_goal_past_the_chain_ceiling_or_already_reached() -> None:
+    assert fc.forecast_category("a", loglinear([250, 500, 1000]), goal=5.0, steps=4).verdict == "unreachable"
+    reached = fc.forecast_category("a", loglinear([250, 500, 1000]), goal=2.2, steps=4)
+    assert reached.verdict == "reached" and reached.needed == 1000
+
+
+def test_measurement_noise_widens_a_band_that_three_collinear_points_would_shrink() -> None:
+    exact = [fc.Point(n, 1.2 + 0.15 * math.log(n)) for n in (250, 1000, 4000)]
+    noisy = [fc.Point(p.samples, p.acceptance, se=0.05) for p in exact]
+    a = fc.forecast_category("x", exact, 3.0, 7)
+    b = fc.forecast_category("x", noisy, 3.0, 7)
+    assert a.needed == pytest.approx(b.needed)
+    assert (b.band[1] - b.band[0]) > 10 * (a.band[1] - a.band[0])
+
+
+def test_break_even_from_a_bench_serve_report_is_acceptance_over_speedup(tmp_path: Path) -> None:
+    # the original case: acceptance 2.1 served at 82.3 tok/s against 90 without the draft
+    report = tmp_path / "serve.json"
+    report.write_text(json.dumps({"concurrency": {
+        "1": {"acceptance_length": 2.1, "speedup": 82.3 / 90, "draft_tokens_per_s": 82.3, "baseline_tokens_per_s": 90},
+        "8": {"acceptance_length": None, "speedup": 1.1}}}))
+    (be,) = fc.break_even_from_report(report)
+    assert be.acceptance == pytest.approx(2.1 * 90 / 82.3) and "concurrency 1" in be.source
+    bad = tmp_path / "nobaseline.json"
+    bad.write_text(json.dumps({"concurrency": {"1": {"acceptance_length": 2.1, "speedup": None}}}))
+    with pytest.raises(ConfigError, match="--baseline"):
+        fc.break_even_from_report(bad)
+
+
+def test_nested_subsets_are_nested_and_keep_the_category_shares() -> None:
+    ids = {"code": [f"c{i}" for i in range(800)], "chat": [f"h{i}" for i in range(200)]}
+    subsets = fc.nested_subsets(ids, [0.125, 0.5, 0.25], seed=3)
+    sizes = [0.125, 0.25, 0.5]
+    assert list(subsets) == sizes
+    for small, big in zip(sizes, sizes[1:]):
+        assert set(subsets[small]) < set(subsets[big])
+    for f, chosen in subsets.items():
+        assert sum(s.startswith("c") for s in chosen) == round(800 * f) and sum(s.startswith("h") for s in chosen) == round(200 * f)
+    # not the first ids in sorted order (the trainer's max_train_samples would take those: one source's rows)
+    assert subsets[0.125] != sorted(ids["code"])[:100] + sorted(ids["chat"])[:25]
+    with pytest.raises(ConfigError):
+        fc.nested_subsets(ids, [0.0, 0.5])
+
+
+def _store(root: Path, n: int) -> Path:
+    meta = StoreMeta(target="tiny", hidden_size=8, num_layers=4, vocab_size=50, aux_layer_ids=[1, 2, 3])
+    with StoreWriter(root, meta) as w:
+        for i in range(n):
+            g = torch.Generator().manual_seed(i)
+            w.add(HiddenStateSample(id=f"s{i:03d}", input_ids=torch.randint(0, 50, (5,), generator=g),
+                                    loss_mask=torch.ones(5, dtype=torch.bool), aux=torch.randn(5, 24).to(torch.bfloat16),
+                                    final=torch.randn(5, 8).to(torch.bfloat16), category="code" if i % 3 else "chat"))
+    return root
+
+
+def test_subset_store_reads_only_its_ids_and_leaves_the_pool_untouched(tmp_path: Path) -> None:
+    pool = _store(tmp_path / "pool", 30)
+    before = sorted(p.name for p in (pool / "shards").iterdir())
+    view = fc.subset_store(pool, ["s001", "s004", "s009"], tmp_path / "view")
+    store = HiddenStateStore.open(view)
+    assert store.ids() == ["s001", "s004", "s009"]
+    assert torch.equal(store["s004"].input_ids, HiddenStateStore.open(pool)["s004"].input_ids)
+    assert sorted(p.name for p in (pool / "shards").iterdir()) == before and len(HiddenStateStore.open(pool)) == 30
+    with pytest.raises(ConfigError, match="not in the store"):
+        fc.subset_store(pool, ["nope"], tmp_path / "view2")
+
+
+def test_costs_price_the_needed_samples_from_generation_stats(tmp_path: Path) -> None:
+    gen = fc.GenerationCost({"code": 2000.0}, {"code": 1500.0}, output_tokens_per_s=5000.0, gpus=8)
+    pts = loglinear([250, 500, 1000, 2000])
+    result = fc.make_forecast({"code": pts}, 3.0, 7, generation=gen, bytes_per_token=4 * 7168 * 2 + 5)
+    (cat,) = result.categories
+    cost = result.costs["code"]
+    assert cost.target_tokens == pytest.approx(cat.needed * 2000)
+    assert cost.gpu_hours == pytest.approx(cat.needed * 1500 / 5000 / 3600 * 8)
+    assert cost.disk_bytes == pytest.approx(cat.needed * 2000 * (4 * 7168 * 2 + 5))
+    lo, hi = result.cost_bands["code"]
+    assert lo.samples < cost.samples < hi.samples
+
+
+def test_cli_refuses_without_runs_and_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["forecast", "--goal", "3.0"]) == 1
+    assert "--run RUN_DIR" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_forecast_trains_nested_drafts_from_a_store_then_reads_the_same_runs_back(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.training.train.test_trainer import make_store
+
+    store = make_store(tiny_target, tmp_path / "store", n=40)
+    entries = json.loads((store / "index.json").read_text())["samples"] if (store / "index.json").exists() else None
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"draft_vocab_size": 512, "ttt_steps": 3, "global_batch_size": 2, "micro_batch_size": 2,
+                               "max_steps": 2, "log_every": 1, "device": "cpu"}))
+    out_json = tmp_path / "forecast.json"
+    assert main(["forecast", "--store", str(store), "--target", str(tiny_target), "--fractions", "0.25,0.5,1",
+                 "--config", str(cfg), "--out", str(tmp_path / "runs"), "--goal", "3.0", "--verify-cost", "2.3",
+                 "--json", str(out_json)]) == 0
+    trained = json.loads(out_json.read_text())
+    (cat,) = trained["categories"]
+    sizes = [p["samples"] for p in cat["points"]]
+    assert cat["category"] == "chat" and len(sizes) == 3 and sizes[0] < sizes[1] < sizes[2]
+    assert trained["break_even"] == [{"acceptance": 2.3, "source": "--verify-cost"}]
+    shown = capsys.readouterr().out
+    assert "break-even acceptance 2.30" in shown and "chat:" in shown
+    # the pool itself is never written to: the subsets are views
+    assert entries is None or json.loads((store / "index.json").read_text())["samples"] == entries
+    runs = sorted((tmp_path / "runs").glob("run-*"))
+    assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--goal", "3.0", "--json", str(out_json)]) == 0
+    again = json.loads(out_json.read_text())["categories"][0]
+    assert sorted((p["samples"], p["acceptance"]) for p in again["points"]) == sorted(
+        (p["samples"], p["acceptance"]) for p in cat["points"])
+
+
+def test_a_run_is_credited_with_the_ids_the_trainer_took_in_the_store_s_order() -> None:
+    # capture order is not sorted order: max_train_samples cuts the store's own order, as the trainer does
+    from training.feed.batches import split_eval, training_ids
+
+    store_ids = [f"s{i:03d}" for i in range(200)][::-1]
+    train, held = training_ids(store_ids, separate_eval=False, eval_fraction=0.1, eval_max_samples=None,
+                               max_train_samples=50)
+    kept, split = split_eval(store_ids, 0.1)
+    assert train == kept[:50] and held == split and train != sorted(kept)[:50]
+    train, held = training_ids(store_ids, separate_eval=True, eval_fraction=0.1, eval_max_samples=None,
+                               max_train_samples=None)
+    assert train == sorted(store_ids) and held == []
