@@ -102,8 +102,9 @@ class Fit:
         a, b = self.draws(seed)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             n = np.where(b > 0, np.exp(np.minimum((y - a) / np.where(b > 0, b, 1.0), 700.0)), np.inf)
-        lo, hi = np.percentile(n, BAND)
-        return float(lo), float(hi)
+            # between two unbounded draws numpy interpolates inf - inf (nan, with a RuntimeWarning): unbounded
+            lo, hi = np.percentile(n, BAND)
+        return (math.inf if math.isnan(lo) else float(lo)), (math.inf if math.isnan(hi) else float(hi))
 
     def predict_draws(self, n: float, seed: int = 0) -> np.ndarray:
         """Return the acceptance at `n` samples under each drawn line."""
@@ -510,10 +511,13 @@ def train_nested(
     eval_store: str | Path | None = None,
     seed: int = 0,
     on_run: Any = None,
+    on_metrics: Any = None,
 ) -> list[NestedRun]:
     """Train one draft per fraction on nested subsets of `store` (same steps, same settings `base`,
     a TrainConfig dict) and return each one's per-category simulated acceptance on the held-out
-    samples: `eval_store`, or a hashed 5% of `store` set apart once for every subset."""
+    samples: `eval_store`, or a hashed 5% of `store` set apart once for every subset.
+
+    `on_metrics(fraction)` returns the trainer's metrics callback for that subset's run (a progress bar)."""
     from training.feed.batches import split_eval
     from training.io.atomic import output_folder
     from training.storage.store import read_index
@@ -537,7 +541,7 @@ def train_nested(
         cfg = TrainConfig.from_dict({**base, "data": str(view), "eval_data": str(eval_store), "target": str(target),
                                      "out": str(output_folder(out, f"run-{frac:g}")), "max_train_samples": None,
                                      "seed": seed})
-        result = train(cfg)
+        result = train(cfg, on_metrics=on_metrics(frac) if on_metrics is not None else None)
         ev = result.eval or {}
         acc = dict(ev.get("sim_categories") or {})
         if not acc:

@@ -37,9 +37,15 @@ def profile_command(
         retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
         client = make_client(llm, model, base_url, retry=retry)  # a missing key fails before the traffic is read
     with progress() as bar:
-        task = bar.add_task("profiling", total=None)
+        tasks = []  # added with the first rows read: an input refused before any draws no `0/?` bar
+
+        def advance(n: int) -> None:
+            if not tasks:
+                tasks.append(bar.add_task("profiling", total=None))
+            bar.update(tasks[0], completed=n)
+
         profile = build_profile(traffic, tokenizer=tokenizer, llm=client, llm_max=llm_max, seed=seed,
-                                progress=lambda n: bar.update(task, completed=n))
+                                progress=advance)
     if no_examples:  # the scrubber cannot find every name mentioned in passing; counts alone can leave
         profile = profile.model_copy(update={"examples": {cat: [] for cat in profile.examples}})
     write_profile(profile, out)

@@ -42,7 +42,7 @@ def train(
              "Every option is a field of training.train.config.TrainConfig (see docs/training.md)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in `out` from its latest checkpoint."),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after N optimizer steps of this run, with a checkpoint; continue it later with --resume (for time-limited jobs)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in."),
 ) -> None:
     """Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.
@@ -75,9 +75,11 @@ def train(
     if not (result.eval or result.train or {}).get("target_entropy"):
         console.print(f"[dim]{LOSS_NOTE}[/]", highlight=False)
     if final:
-        console.print(rows_table(["TTT step", "acc", "cond acc"],
-                                 [(k, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
-                                 title="per-step accuracy (eval)" if result.eval else "per-step accuracy (train)"))
+        # TTT step k drafts the token at position k + 1: named by position, as `curator eval` names them
+        console.print(rows_table(["draft position", "acc", "cond acc"],
+                                 [(k + 1, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
+                                 title=f"accuracy per draft position, K={len(final['acc'])} "
+                                       f"({'eval' if result.eval else 'train'})"))
     _record_run(catalog, result, cfg)
 
 

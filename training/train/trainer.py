@@ -234,21 +234,22 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
     # fp8 stores are read as stored and dequantised on the training device (Batch.to)
     store: States = (OnlineStates.open(cfg.target, cfg.data, device=device) if cfg.online
                      else HiddenStateStore.open(cfg.data, dequantize=False))
+    eval_store = store
+    if cfg.eval_data:  # cheap inputs first: a wrong path is named before the target's head is read
+        eval_store = HiddenStateStore.open(cfg.eval_data, dequantize=False)
+        _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
     target_cfg = read_target_config(cfg.target)
     head = TargetHead.from_pretrained(cfg.target, dtype=data_dtype, device=device)
     _check_inputs(store.meta, target_cfg, head, store)
-    run_dir, ckpt = _prepare_run_dir(cfg, resume, dist_info)
-    eval_store = store
     train_ids, eval_ids = training_ids(store.ids(), separate_eval=bool(cfg.eval_data), eval_fraction=cfg.eval_fraction,
                                        eval_max_samples=cfg.eval_max_samples, max_train_samples=cfg.max_train_samples)
     if cfg.eval_data:
-        eval_store = HiddenStateStore.open(cfg.eval_data, dequantize=False)
-        _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
         eval_ids = sorted(eval_store.ids())[: cfg.eval_max_samples]
     if len(train_ids) < cfg.global_batch_size:
         raise TrainingError(
             f"{len(train_ids)} training samples are fewer than global_batch_size {cfg.global_batch_size}"
         )
+    run_dir, ckpt = _prepare_run_dir(cfg, resume, dist_info)  # the inputs are checked: now the run folder
     fingerprint = data_fingerprint(store, train_ids)
     if ckpt is not None:
         saved = read_meta(ckpt).get("data_fingerprint")
