@@ -28,9 +28,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from training.feed.batches import Batch, States
 from training.runtime.distributed import all_reduce_sum
+from training.eagle3 import kernels
 from training.eagle3.model import Eagle3Draft, TTTCache
 from training.runtime.profiling import phase
 from training.feed.packing import PackedBatch, pack_samples, plan_micro_batches, step_valid
@@ -41,6 +43,23 @@ from training.eagle3.ttt_attention import PackedTTTCache
 # per TTT step: loss_sum, n_valid, n_correct, n_prefix (all right through k), n_prev (all right through k-1),
 # and the target's entropy summed over the trained positions (loss - entropy is the KL the draft can still remove)
 N_SUMS = 6
+
+# Recompute the TTT steps (PackedTTTObjective, recompute=None) when their saved activations would
+# take more than this share of the device memory still free.
+RECOMPUTE_ABOVE = 0.5
+
+
+def step_activation_bytes(cfg: Any, element_bytes: int = 2) -> int:
+    """Return an estimate of the bytes one token's TTT step keeps for the backward (bf16 autocast).
+
+    Counted from the layer: its norms' inputs and outputs, the 2H-wide concat, q/k/v and the
+    attention output, the SwiGLU's four intermediate-wide tensors, the final norm, and the soft
+    cross-entropy's gradient over the draft vocabulary. Within ~20% of what the H200 run measured
+    is enough: it only decides when to recompute.
+    """
+    H, hd = int(cfg.hidden_size), int(cfg.head_dim)
+    kv = 2 * int(cfg.num_key_value_heads) * hd
+    return element_bytes * (10 * H + kv + 4 * int(cfg.intermediate_size) + int(cfg.draft_vocab_size))
 
 
 @dataclass
@@ -88,6 +107,12 @@ def packed_target_signals(
     argmax, probs, entropy = [], [], []
     for s in range(0, final.shape[0], rows):
         logits = head(final[s : s + rows])  # (rows, V)
+        if kernels.fused_enabled(logits):  # the same three, compiled into one pass over the logits
+            am, p, ent = kernels.target_rows(logits, draft_ids)
+            argmax.append(am)
+            probs.append(p)
+            entropy.append(ent)
+            continue
         argmax.append(logits.argmax(-1))
         p = logits[:, draft_ids].float().softmax(-1)  # (rows, draft_vocab)
         probs.append(p)
@@ -161,9 +186,24 @@ class PackedTTTObjective(nn.Module):
     no host synchronisation. Origin t at step k trains only when position t+1+k is in t's sample.
     """
 
-    def __init__(self, draft: Eagle3Draft) -> None:
+    def __init__(self, draft: Eagle3Draft, recompute: bool | None = None) -> None:
         super().__init__()
         self.draft = draft
+        # recompute: keep only each TTT step's inputs and recompute its activations in the backward
+        # (long rows: the unroll's saved activations grow as tokens x TTT steps; see `recomputes`).
+        # None: decide per row from its length and the device's free memory.
+        self.recompute = recompute
+
+    def recomputes(self, tokens: int, ttt_steps: int, device: torch.device) -> bool:
+        """Return whether a row of `tokens` trains with its `ttt_steps` steps recomputed in the backward."""
+        if self.recompute is not None or not torch.is_grad_enabled():
+            return bool(self.recompute) and torch.is_grad_enabled()
+        if device.type != "cuda":
+            return False
+        free, _ = torch.cuda.mem_get_info(device)
+        spare = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        ttt_activations = tokens * ttt_steps * step_activation_bytes(self.draft.config)
+        return ttt_activations > RECOMPUTE_ABOVE * spare
 
     def forward(
         self,
@@ -191,26 +231,49 @@ class PackedTTTObjective(nn.Module):
         max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
         cache, hidden = PackedTTTCache(cu_seqlens, bounds, max_len), aux
         prefix = torch.ones(N, dtype=torch.bool, device=input_ids.device)  # all right so far, per origin
+        recompute = self.recomputes(N, ttt_steps, input_ids.device)
+        last = min(ttt_steps, N - 1) - 1
         for k in range(ttt_steps):
             n = N - 1 - k  # origins t whose step-k target position t+1+k exists in the row
             if n <= 0:
                 break
-            step_ids = F.pad(ids[k + 1 :], (0, k + 1))[None]  # token x_{t+1+k} at origin t
-            with phase(f"draft_step{k}"):
-                out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
-            hidden = out.hidden  # (1, N, H): the next step's input
-            with phase("loss"):
-                loss, step_sums, prefix = self._step_loss(out.logits[0, :n], k, loss, prefix, probs, argmax, ent,
-                                                         valid, in_voc, doc, step_scale)
+            args = (hidden, prefix, k, ids, positions, cache, probs, argmax, ent, valid, in_voc, doc, step_scale)
+            if recompute and k < last:  # the last step's backward runs first: nothing to gain by dropping it
+                hidden, scaled, step_sums, prefix, keys = checkpoint(self._step, *args, use_reentrant=False,
+                                                                     preserve_rng_state=False)
+            else:
+                hidden, scaled, step_sums, prefix, keys = self._step(*args)
+            cache.keep(*keys)
+            loss = loss + scaled
             sums[k] = step_sums
         return loss, sums
 
+    def _step(
+        self, hidden: torch.Tensor, prefix: torch.Tensor, k: int, ids: torch.Tensor, positions: torch.Tensor,
+        cache: PackedTTTCache, probs: torch.Tensor, argmax: torch.Tensor, ent: torch.Tensor, valid: torch.Tensor,
+        in_voc: torch.Tensor, doc: torch.Tensor, step_scale: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Return TTT step k: (its hidden output, scaled loss, metric sums, all-right mask, its keys and values).
+
+        A function of its arguments alone (the cache is read through the view of steps < k), so a
+        checkpoint can run it again in the backward and get the same tensors.
+        """
+        n = ids.shape[0] - 1 - k
+        view = cache.upto(k)
+        step_ids = F.pad(ids[k + 1 :], (0, k + 1))[None]  # token x_{t+1+k} at origin t
+        with phase(f"draft_step{k}"):
+            out = self.draft(step_ids, hidden, position_ids=positions + k, cache=view)
+        with phase("loss"):
+            scaled, step_sums, prefix = self._step_loss(out.logits[0, :n], k, prefix, probs, argmax, ent,
+                                                        valid, in_voc, doc, step_scale)
+        return out.hidden, scaled, step_sums, prefix, view.newest()
+
     def _step_loss(
-        self, logits: torch.Tensor, k: int, loss: torch.Tensor, prefix: torch.Tensor, probs: torch.Tensor,
+        self, logits: torch.Tensor, k: int, prefix: torch.Tensor, probs: torch.Tensor,
         argmax: torch.Tensor, ent: torch.Tensor, valid: torch.Tensor, in_voc: torch.Tensor, doc: torch.Tensor,
         step_scale: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (loss with step k's term added, step k's metric sums [N_SUMS], the all-right-so-far mask)."""
+        """Return (step k's scaled loss term, its metric sums [N_SUMS], the all-right-so-far mask)."""
         n = logits.shape[0]  # (n, draft_vocab), the autocast dtype
         step_ok = step_valid(valid, doc, k)  # (n,): same sample, loss token
         train_mask = step_ok & in_voc[1 + k :]
@@ -223,7 +286,7 @@ class PackedTTTObjective(nn.Module):
             counted = [step_ok.sum(), correct.sum(), prefix.sum(), (prev & step_ok).sum()]
             sums = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
                                 entropy_sum.double()])
-        return loss + scaled, sums, prefix
+        return scaled, sums, prefix
 
 
 def packed_call(
