@@ -160,12 +160,13 @@ def _scale(counts: torch.Tensor, ttt: int, dev: torch.device) -> torch.Tensor:
 
 
 def make_step(path: str, shape: Shape, dev: torch.device, draft: Eagle3Draft, head: TargetHead, params: list,
-              opt: torch.optim.Optimizer, *, recompute: bool | None = False,
+              opt: torch.optim.Optimizer, *, recompute: bool | int | None = False,
               host_dtype: torch.dtype = torch.float32) -> Callable[[], torch.Tensor | float]:
     """Return one training step at the benchmark's shape on `path`; it returns the loss.
 
     recompute: PackedTTTObjective's (False: keep every TTT step's activations, as before; True:
-    recompute them in the backward; None: decided from the row's length and the free memory).
+    recompute all but the last in the backward; an int: that many; None: as many as the row's
+    length and the free memory call for).
     """
     use_bf16 = dev.type == "cuda"
     dtype = torch.bfloat16 if use_bf16 else torch.float32
@@ -255,7 +256,7 @@ KIMI = Shape(hidden=7168, heads=56, kv_heads=8, intermediate=18432, vocab=163840
              seq=16384, batch=1)  # head_dim 128; the target's hidden and vocabulary, a Llama draft layer
 
 
-def long_bench(path: str, shape: Shape, dev: torch.device, recompute: bool | None, steps: int, warmup: int,
+def long_bench(path: str, shape: Shape, dev: torch.device, recompute: bool | int | None, steps: int, warmup: int,
                peak: float) -> dict[str, Any]:
     """Return peak memory, tokens/s and fraction of peak for one row of `shape.seq` tokens per step.
 
@@ -266,7 +267,8 @@ def long_bench(path: str, shape: Shape, dev: torch.device, recompute: bool | Non
     host_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     step = make_step(path, shape, dev, draft, head, params, opt, recompute=recompute, host_dtype=host_dtype)
     # what recompute=None (the trainer's default) decides for this row, with the weights and batch in place
-    auto = PackedTTTObjective(draft).recomputes(shape.seq, shape.ttt_steps, dev)
+    auto = PackedTTTObjective(draft).recomputed_steps(shape.seq, shape.ttt_steps, dev)
+    chosen = PackedTTTObjective(draft, recompute=recompute).recomputed_steps(shape.seq, shape.ttt_steps, dev)
     try:
         for _ in range(warmup):
             step()
@@ -284,7 +286,7 @@ def long_bench(path: str, shape: Shape, dev: torch.device, recompute: bool | Non
     achieved = tokens_per_s * causal_train_flops_per_token(cfg, shape.ttt_steps, shape.seq) / 1e12
     out = {
         "path": path, "seq": shape.seq, "recompute": "auto" if recompute is None else recompute,
-        "auto_recomputes": auto, "useful_tokens_per_s": tokens_per_s, "step_s": elapsed / steps,
+        "recomputed_steps": chosen, "auto_recomputed_steps": auto, "useful_tokens_per_s": tokens_per_s, "step_s": elapsed / steps,
         "achieved_tflops": achieved, "fraction_of_peak": achieved / peak,
         "max_memory_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None,
         "max_reserved_gb": torch.cuda.max_memory_reserved(dev) / 1e9 if dev.type == "cuda" else None,
@@ -620,7 +622,7 @@ def run_bench(*, shape: Shape = Shape(), path: str = "both", steps: int = 10, wa
               profile: bool = False, real: bool = False, real_samples: int = 400, real_steps: int = 10,
               real_mean: int = 2100, real_longest: int = 16640, real_max_length: int = 4096,
               long_lengths: tuple[int, ...] = (), long_shape: Shape = KIMI, long_path: str = "fused",
-              long_recompute: tuple[bool | None, ...] = (False, True), long_steps: int = 3, long_warmup: int = 1,
+              long_recompute: tuple[bool | int | None, ...] = (False, True), long_steps: int = 3, long_warmup: int = 1,
               out_dir: Path | None = None) -> dict[str, Any]:
     """Return throughput figures of draft training steps on synthetic states (and --all's extras)."""
     dev = _device(device)
@@ -638,7 +640,8 @@ def run_bench(*, shape: Shape = Shape(), path: str = "both", steps: int = 10, wa
         runs = {}
         for n in long_lengths:
             for rc in long_recompute:
-                name = f"{long_path}@{n}/recompute={'auto' if rc is None else 'on' if rc else 'off'}"
+                label = "auto" if rc is None else "on" if rc is True else "off" if rc is False else str(rc)
+                name = f"{long_path}@{n}/recompute={label}"
                 runs[name] = _guarded(dev, long_bench, long_path, long_shape._replace(seq=n, batch=1), dev, rc,
                                       long_steps, long_warmup, peak)
                 print(f"long {name}: {json.dumps(runs[name])}", flush=True)
@@ -765,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-shape", choices=("kimi", "bench"), default="kimi",
                    help="kimi: hidden 7168, vocab 163840, draft vocab 32000, TTT 7; bench: this run's --hidden etc.")
     p.add_argument("--long-path", choices=PATHS[1:], default="fused")
-    p.add_argument("--long-recompute", default="off,on", help="comma list of off, on, auto (PackedTTTObjective)")
+    p.add_argument("--long-recompute", default="off,on",
+                   help="comma list of off, on, auto or a number of steps (PackedTTTObjective's recompute)")
     p.add_argument("--long-steps", type=int, default=3)
     p.add_argument("--long-warmup", type=int, default=1)
     p.add_argument("--out-dir", default=None, help="write result.json, table.txt and the profiler tables here")
@@ -790,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.tiny:
             long_shape, lengths = TINY, tuple(min(n, 256) for n in lengths)
         kw.update(long_lengths=lengths, long_shape=long_shape, long_path=a.long_path,
-                  long_recompute=tuple(modes[m] for m in a.long_recompute.split(",")), long_steps=a.long_steps,
+                  long_recompute=tuple(modes[m] if m in modes else int(m) for m in a.long_recompute.split(",")),
+                  long_steps=a.long_steps,
                   long_warmup=a.long_warmup)
     kw.update(extra)
     result = run_bench(**kw)

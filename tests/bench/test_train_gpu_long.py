@@ -25,16 +25,18 @@ def _bench():
 def test_long_context_runs_each_length_with_and_without_recompute(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _bench()
     assert bench.main(["--tiny", "--path", "compiled,fused", "--steps", "1", "--warmup", "0", "--long", "40,96",
-                       "--long-recompute", "off,on", "--long-steps", "1", "--long-warmup", "0"]) == 0
+                       "--long-recompute", "off,on,2", "--long-steps", "1", "--long-warmup", "0"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     runs = result["long"]
-    assert sorted(runs) == sorted(f"fused@{n}/recompute={m}" for n in (40, 96) for m in ("off", "on"))
+    assert sorted(runs) == sorted(f"fused@{n}/recompute={m}" for n in (40, 96) for m in ("off", "on", "2"))
     for name, r in runs.items():
         assert "error" not in r, name
-        assert r["useful_tokens_per_s"] > 0 and math.isfinite(r["last_loss"]) and r["auto_recomputes"] is False
+        assert r["useful_tokens_per_s"] > 0 and math.isfinite(r["last_loss"]) and r["auto_recomputed_steps"] == 0
     for n in (40, 96):  # the first step's loss, before any update: recomputation changes no value
-        assert runs[f"fused@{n}/recompute=on"]["last_loss"] == pytest.approx(runs[f"fused@{n}/recompute=off"]["last_loss"],
-                                                                             rel=1e-6)
+        off = runs[f"fused@{n}/recompute=off"]
+        assert off["recomputed_steps"] == 0 and runs[f"fused@{n}/recompute=on"]["recomputed_steps"] == 2  # TTT 3
+        for mode in ("on", "2"):
+            assert runs[f"fused@{n}/recompute={mode}"]["last_loss"] == pytest.approx(off["last_loss"], rel=1e-6)
     assert set(result["paths"]) == {"compiled", "fused"}
 
 

@@ -52,6 +52,7 @@ def enable_if_working(device: torch.device) -> bool:
         x = torch.randn(2, 8, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
         w = torch.ones(64, device=device, requires_grad=True)
         rms_norm(x, w, 1e-5).float().sum().backward()
+        (swiglu(x, x) + rotary(x, x, x)).float().sum().backward()
         z = torch.randn(4, 32, device=device, dtype=torch.bfloat16)
         soft_ce_rows(z, torch.randn(4, 32, device=device).softmax(-1), torch.ones(4, device=device),
                      torch.ones((), device=device))
@@ -120,21 +121,22 @@ def loss_rows(z: torch.Tensor, p: torch.Tensor, w: torch.Tensor) -> torch.Tensor
 
 # --- the TTT attention's merge (training.eagle3.ttt_attention._TTTAttention), compiled only --------
 # q, o0, dy, y: (N, nh, hd); lse0t: (N, nh) float32; ks, vs: (N, nkv, m, hd), the keys and values
-# of TTT steps 1..m at each query's own origin. Eager, the same algebra runs as small batched
-# matmuls and a dozen float32 passes over (N, nh, hd) (ttt_attention keeps that form); here the
-# products over m <= 7 keys are written as broadcast sums, which the compiler fuses into the
-# passes around them.
+# of TTT steps 1..m at each query's own origin. The same algebra as the eager merge in
+# ttt_attention (small batched matmuls over m <= 7 keys, the rest elementwise); compiled, the
+# float32 casts and the elementwise passes around the matmuls fuse. (Written as broadcast sums
+# instead of matmuls, the compiler's reductions ran slower than the eager merge on the H200:
+# bench/RESULTS.md, issue 39, call 1.)
 
 
 def _ttt_merge(q: torch.Tensor, o0: torch.Tensor, lse0t: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
                scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, nkv = ks.shape[0], ks.shape[1]
     qg = q.float().view(n, nkv, -1, q.shape[-1])  # (N, nkv, rep, hd)
-    s = (qg[:, :, :, None, :] * ks.float()[:, :, None, :, :]).sum(-1) * scale  # (N, nkv, rep, m)
+    s = torch.matmul(qg, ks.float().transpose(-1, -2)) * scale  # (N, nkv, rep, m)
     lse0 = lse0t.float().reshape(n, nkv, -1)
     total = torch.logaddexp(lse0, torch.logsumexp(s, dim=-1))
     a0, p = (lse0 - total).exp(), (s - total[..., None]).exp()
-    y = a0[..., None] * o0.float().view_as(qg) + (p[..., None] * vs.float()[:, :, None, :, :]).sum(-2)
+    y = a0[..., None] * o0.float().view_as(qg) + torch.matmul(p, vs.float())
     return y.view_as(q).to(q.dtype), a0, p
 
 
@@ -144,17 +146,15 @@ def _ttt_merge_grads(dy: torch.Tensor, y: torch.Tensor, a0: torch.Tensor, p: tor
     dyf = dy.float().view(n, nkv, -1, dy.shape[-1])  # (N, nkv, rep, hd)
     delta = (dyf * y.float().view_as(dyf)).sum(-1)  # rowsum(dy * y) of the merged attention
     dout0 = (a0[..., None] * dyf).view_as(dy).to(dy.dtype)
-    dpv = (dyf[:, :, :, None, :] * vs.float()[:, :, None, :, :]).sum(-1)  # (N, nkv, rep, m)
-    ds = p * (dpv - delta[..., None]) * scale
-    qg = q.float().view_as(dyf)
-    dks = (ds[..., None] * qg[:, :, :, None, :]).sum(2)  # (N, nkv, m, hd)
-    dvs = (p[..., None] * dyf[:, :, :, None, :]).sum(2)
+    ds = p * (torch.matmul(dyf, vs.float().transpose(-1, -2)) - delta[..., None]) * scale  # (N, nkv, rep, m)
+    dks = torch.matmul(ds.transpose(-1, -2), q.float().view_as(dyf))  # (N, nkv, m, hd)
+    dvs = torch.matmul(p.transpose(-1, -2), dyf)
     return dout0, ds, dks.to(ks.dtype), dvs.to(vs.dtype)
 
 
 def _ttt_merge_dq(dq0: torch.Tensor, ds: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
     n, nkv = ks.shape[0], ks.shape[1]
-    dq = dq0.float().view(n, nkv, -1, dq0.shape[-1]) + (ds[..., None] * ks.float()[:, :, None, :, :]).sum(-2)
+    dq = dq0.float().view(n, nkv, -1, dq0.shape[-1]) + torch.matmul(ds, ks.float())
     return dq.view_as(dq0).to(dq0.dtype)
 
 
@@ -185,3 +185,29 @@ def _target_rows(logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.T
 def target_rows(logits: torch.Tensor, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Return the target's (argmax, softmax over the draft vocabulary in float32, its entropy) for logits [n, V]."""
     return _pick(_target_rows, logits)(logits, draft_ids)
+
+
+# --- SwiGLU and rotary: elementwise, fused when compiled (training steps only, as rms_norm) -------
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Return silu(gate) * up; compiled (with the fused forms on, while training) one pass each way."""
+    if _state["fused"] and gate.is_cuda and torch.is_grad_enabled():
+        return _pick(_swiglu, gate)(gate, up)
+    return _swiglu(gate, up)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Return x * cos + rotate_half(x) * sin (cos, sin broadcast to x and in its dtype)."""
+    if _state["fused"] and x.is_cuda and torch.is_grad_enabled():
+        return _pick(_rotary, x)(x, cos, sin)
+    return _rotary(x, cos, sin)

@@ -44,8 +44,9 @@ from training.eagle3.ttt_attention import PackedTTTCache
 # and the target's entropy summed over the trained positions (loss - entropy is the KL the draft can still remove)
 N_SUMS = 6
 
-# Recompute the TTT steps (PackedTTTObjective, recompute=None) when their saved activations would
-# take more than this share of the device memory still free.
+# PackedTTTObjective(recompute=None) keeps as many TTT steps' activations as fit in this share of
+# the device memory still free, and recomputes the others (the rest is the recomputed step's own
+# activations in the backward, gradients and temporaries).
 RECOMPUTE_ABOVE = 0.5
 
 
@@ -54,12 +55,14 @@ def step_activation_bytes(cfg: Any, element_bytes: int = 2) -> int:
 
     Counted from the layer: its norms' inputs and outputs, the 2H-wide concat, q/k/v and the
     attention output, the SwiGLU's four intermediate-wide tensors, the final norm, and the soft
-    cross-entropy's gradient over the draft vocabulary. Within ~20% of what the H200 run measured
-    is enough: it only decides when to recompute.
+    cross-entropy's gradient over the draft vocabulary, plus float32 norm statistics and rounding
+    (12 H-wide tensors in all). The H200 run of issue 39 measured 414 KB a token a step at the
+    Kimi shape (hidden 7168, intermediate 18432, draft vocab 32000), this gives 387 KB: it only
+    decides how many steps to recompute.
     """
     H, hd = int(cfg.hidden_size), int(cfg.head_dim)
     kv = 2 * int(cfg.num_key_value_heads) * hd
-    return element_bytes * (10 * H + kv + 4 * int(cfg.intermediate_size) + int(cfg.draft_vocab_size))
+    return element_bytes * (12 * H + kv + 4 * int(cfg.intermediate_size) + int(cfg.draft_vocab_size))
 
 
 @dataclass
@@ -186,24 +189,35 @@ class PackedTTTObjective(nn.Module):
     no host synchronisation. Origin t at step k trains only when position t+1+k is in t's sample.
     """
 
-    def __init__(self, draft: Eagle3Draft, recompute: bool | None = None) -> None:
+    def __init__(self, draft: Eagle3Draft, recompute: bool | int | None = None) -> None:
         super().__init__()
         self.draft = draft
-        # recompute: keep only each TTT step's inputs and recompute its activations in the backward
-        # (long rows: the unroll's saved activations grow as tokens x TTT steps; see `recomputes`).
-        # None: decide per row from its length and the device's free memory.
+        # recompute: keep only a TTT step's inputs and recompute its activations in the backward
+        # (long rows: the unroll's saved activations grow as tokens x TTT steps; see `recomputed_steps`).
+        # True: every step but the last; an int: that many (the first ones); None: as many as the
+        # row needs to fit in the device memory still free.
         self.recompute = recompute
 
-    def recomputes(self, tokens: int, ttt_steps: int, device: torch.device) -> bool:
-        """Return whether a row of `tokens` trains with its `ttt_steps` steps recomputed in the backward."""
-        if self.recompute is not None or not torch.is_grad_enabled():
-            return bool(self.recompute) and torch.is_grad_enabled()
+    def recomputed_steps(self, tokens: int, ttt_steps: int, device: torch.device) -> int:
+        """Return how many of a row's first TTT steps are recomputed in the backward (0: none).
+
+        The last step is never recomputed: its backward runs first, so dropping its activations
+        lowers no peak.
+        """
+        most = max(0, ttt_steps - 1)
+        if not torch.is_grad_enabled() or self.recompute is False:
+            return 0
+        if self.recompute is True:
+            return most
+        if self.recompute is not None:
+            return max(0, min(int(self.recompute), most))
         if device.type != "cuda":
-            return False
+            return 0
         free, _ = torch.cuda.mem_get_info(device)
         spare = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        ttt_activations = tokens * ttt_steps * step_activation_bytes(self.draft.config)
-        return ttt_activations > RECOMPUTE_ABOVE * spare
+        per_step = tokens * step_activation_bytes(self.draft.config)
+        kept = int(RECOMPUTE_ABOVE * spare // max(per_step, 1))
+        return max(0, min(ttt_steps - kept, most))
 
     def forward(
         self,
@@ -231,14 +245,13 @@ class PackedTTTObjective(nn.Module):
         max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
         cache, hidden = PackedTTTCache(cu_seqlens, bounds, max_len), aux
         prefix = torch.ones(N, dtype=torch.bool, device=input_ids.device)  # all right so far, per origin
-        recompute = self.recomputes(N, ttt_steps, input_ids.device)
-        last = min(ttt_steps, N - 1) - 1
+        recompute = self.recomputed_steps(N, min(ttt_steps, N - 1), input_ids.device)
         for k in range(ttt_steps):
             n = N - 1 - k  # origins t whose step-k target position t+1+k exists in the row
             if n <= 0:
                 break
             args = (hidden, prefix, k, ids, positions, cache, probs, argmax, ent, valid, in_voc, doc, step_scale)
-            if recompute and k < last:  # the last step's backward runs first: nothing to gain by dropping it
+            if k < recompute:
                 hidden, scaled, step_sums, prefix, keys = checkpoint(self._step, *args, use_reentrant=False,
                                                                      preserve_rng_state=False)
             else:

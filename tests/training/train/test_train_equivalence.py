@@ -158,13 +158,37 @@ def test_the_compiled_attention_merge_computes_the_reference(monkeypatch: pytest
     _assert_same(ref, _packed(draft, head, [batch], scale, ttt, recompute=True))
 
 
-def test_recompute_is_chosen_from_the_rows_length_only_on_the_gpu() -> None:
+def test_recompute_keeps_as_many_steps_as_the_free_memory_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from training.eagle3 import objective as obj
+
     draft, _, _ = _setup(40)
+    per_step = obj.step_activation_bytes(draft.config)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
     auto = PackedTTTObjective(draft)
-    assert not auto.recomputes(10**9, 7, torch.device("cpu"))  # the CPU: never (no device memory to save)
-    assert PackedTTTObjective(draft, recompute=True).recomputes(8, 7, torch.device("cpu"))
+    assert auto.recomputed_steps(10**9, 7, cpu) == 0  # the CPU: never (no device memory to save)
+    assert PackedTTTObjective(draft, recompute=True).recomputed_steps(8, 7, cpu) == 6  # all but the last
+    assert PackedTTTObjective(draft, recompute=3).recomputed_steps(8, 7, cpu) == 3
+    assert PackedTTTObjective(draft, recompute=9).recomputed_steps(8, 7, cpu) == 6
     with torch.no_grad():  # evaluation keeps no activations: nothing to recompute
-        assert not PackedTTTObjective(draft, recompute=True).recomputes(8, 7, torch.device("cpu"))
+        assert PackedTTTObjective(draft, recompute=True).recomputed_steps(8, 7, cpu) == 0
+    # on a GPU with room for 4 steps' activations of a 1000-token row within RECOMPUTE_ABOVE of what is free
+    spare = int(4.5 * 1000 * per_step / obj.RECOMPUTE_ABOVE)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (spare - 100, 10 * spare))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 300)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 200)
+    assert auto.recomputed_steps(1000, 7, gpu) == 3  # 4 kept, the first 3 recomputed
+    assert auto.recomputed_steps(100, 7, gpu) == 0  # a short row: everything kept
+    assert auto.recomputed_steps(10**6, 7, gpu) == 6  # a very long one: all but the last
+
+
+def test_partly_recomputed_unroll_gives_the_same_gradients() -> None:
+    ttt = 5
+    draft, head, samples = _setup(VOCAB)
+    padded = _padded(samples)
+    scale = (0.8 ** torch.arange(ttt, dtype=torch.float64) / step_counts(padded.loss_mask, ttt).clamp(min=1)).float()
+    ref = _reference(draft, head, padded, scale, ttt)
+    batch = pack_samples(MemoryStates(samples), [s.id for s in samples], 64)
+    _assert_same(ref, _packed(draft, head, [batch], scale, ttt, recompute=2))
 
 
 def test_soft_cross_entropy_in_chunks_matches_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
