@@ -236,7 +236,6 @@ class PackedTTTObjective(nn.Module):
         ttt_steps: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (loss = sum_k step_scale[k] * loss_sum_k, metric sums [ttt_steps, N_SUMS]), as TTTObjective."""
-        draft = self.draft
         N = input_ids.shape[1]
         ids, doc, valid, in_voc = input_ids[0], doc_ids[0], valid_mask[0], in_vocab[0]
         probs, argmax, ent = target_probs[0], target_argmax[0], entropy[0]
