@@ -4,6 +4,8 @@
     python bench/train_gpu.py --path old           # the padded TTTObjective path as it was (before issue #28)
     python bench/train_gpu.py --all --path all --out-dir DIR  # + compiled path, GPU check, profile, real lengths
     python bench/train_gpu.py --tiny --all         # the same logic at toy sizes on the CPU
+    python bench/train_gpu.py --path compiled,fused --profile   # issue 39's before/after, one run
+    python bench/train_gpu.py --long 16384,32768,65536 --long-recompute off,on,auto  # Kimi-shaped long rows
 
 Runs the trainer's own step (target signals from a random lm_head, the TTT unroll, AdamW, clip)
 on random synthetic hidden states, so no store or target checkpoint is needed. The bf16 peak is
@@ -16,7 +18,15 @@ TTTObjective, foreach AdamW, a loss read back every step); `new` is what trainin
 now (packed rows, PackedTTTObjective, pinned host batch copied on a side stream one step ahead,
 fused AdamW, no host sync in the step); `compiled` is `new` with training.eagle3.kernels enabled
 (torch.compile'd RMSNorm and soft cross-entropy rows), as the trainer runs on CUDA when they
-compile and work there (training.eagle3.kernels.enable_if_working); `new` keeps them off.
+compile and work there (training.eagle3.kernels.enable_if_working); `new` keeps them off; `fused`
+(issue 39) is `compiled` with kernels' fused forms too (the TTT attention's merge, the target's
+signals, SwiGLU, rotary), which is what the trainer now runs; `compiled` stays selectable as the
+step before it.
+
+--long L1,L2,...: one row of L tokens per step at a Kimi-shaped draft (hidden 7168, target vocab
+163,840, draft vocab 32,000, TTT 7; --long-shape bench uses the --hidden etc. given), with each
+--long-recompute mode (PackedTTTObjective's: off, on, auto or a number of steps): peak memory,
+useful tokens/s and the fraction of peak at the causal FLOP count (causal_train_flops_per_token).
 
 --all adds: `check` (on the GPU, old and new path in bf16 against the old path in float32 on
 packed samples of several lengths: loss and gradient errors); `profile` (torch.profiler of one

@@ -1,4 +1,5 @@
-"""Optional torch.compile'd forms of the step's memory-bound pieces: RMSNorm and the soft cross-entropy rows.
+"""Optional torch.compile'd forms of the step's memory-bound pieces: RMSNorm and the soft cross-entropy rows,
+and (the `fused` switch, issue 39) the TTT attention's merge, the target's signals, SwiGLU and rotary.
 
 Eager, RMSNorm walks its [tokens, H] input about eight times in float32 (upcast, square, mean,
 scale, downcast, weight) and the soft cross-entropy walks [tokens, draft_vocab] a dozen times per

@@ -13,6 +13,8 @@ exactly the 1-rank gradient).
 Two implementations of the same objective: TTTObjective over padded batches [B, T] (the
 reference, with draft.TTTCache), and PackedTTTObjective over packed rows of whole samples
 (training.feed.packing), which the trainer runs; tests/training/train/test_train_equivalence.py holds them equal.
+For long rows PackedTTTObjective recomputes the first TTT steps in the backward instead of keeping
+their activations (`recompute`; by default as many as the free device memory calls for).
 
 Metrics per TTT step k, over loss-masked positions (a target token outside the draft vocab counts
 as a miss): acc_k (unconditional top-1 agreement), cond_acc_k (agreement given steps < k all
