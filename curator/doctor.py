@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 
-from curator.engines import ENGINE_OF_LAYOUT, parse_launch, vllm
+from curator.engines import ENGINE_OF_LAYOUT, ENGINES, parse_launch, vllm
 from curator.engines.launch import Check, LaunchSpec, int_or_none
 from curator.engines.draft import DraftLayout, read_draft, safetensors_files
 from curator.engines.launch_checks import check_launch, suggested_launch
@@ -235,7 +235,7 @@ def check_served_layers(layout: DraftLayout, target_config: dict[str, Any]) -> l
         return [Check("aux layers served", "error", str(exc))]
     checks: list[Check] = []
     for engine, layers in served.items():
-        short = "SGLang" if engine.startswith("SGLang") else "vLLM"
+        short = next((e.LABEL for e in ENGINES.values() if engine.startswith(e.LABEL)), engine)
         count = len(expected) if expected else len(layout.aux_layer_ids or []) or 3
         if len(layers) != count or any(not 0 <= i <= n for i in layers):
             checks.append(Check(f"aux layers ({short})", "error",

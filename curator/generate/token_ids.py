@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from curator.engines import ENGINES
 from curator.engines.answer import AnswerError
@@ -23,7 +23,6 @@ from curator.engines.sampling import SamplingParams
 from curator.generate.client import Completion, RequestError, split_reasoning
 from training.records.chat_tokens import MalformedRecordError, render, template_messages
 
-Engine = Literal["sglang", "vllm"]
 
 
 @dataclass
@@ -179,7 +178,7 @@ class PromptRenderer:
 class TokenMode:
     """Builds token-id requests for one engine and turns its answers into Completions with ids."""
 
-    def __init__(self, renderer: PromptRenderer, engine: Engine, model: str, params: SamplingParams) -> None:
+    def __init__(self, renderer: PromptRenderer, engine: str, model: str, params: SamplingParams) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         self.renderer = renderer

@@ -12,7 +12,7 @@ from curator.errors import ConfigError, EndpointError
 from curator.serve_bench.client import Endpoint
 from curator.engines.prometheus import parse_prometheus
 from curator.engines.sglang import verify_counts as sglang_verify_counts
-from curator.engines.vllm import VllmSpecCounters
+from curator.engines import vllm
 from curator.serve_bench.report import verdict
 from curator.serve_bench.run import BenchPrompt, bench_serve
 
@@ -85,12 +85,12 @@ def test_prometheus_counters_sum_engines_and_skip_created_samples() -> None:
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15',
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 35',
     ])
-    c = VllmSpecCounters.from_metrics(page)
+    c = vllm.spec_counters(page)
     assert (c.drafts, c.accepted) == (40.0, 50.0) and c.acceptance_length == pytest.approx(2.25)
     assert c.position_rates() == [35 / 40, 15 / 40]
     assert len(parse_prometheus(page)) == 6
     with pytest.raises(EndpointError, match="without speculative decoding"):
-        VllmSpecCounters.from_metrics('vllm:num_requests_running{engine="0"} 1')
+        vllm.spec_counters('vllm:num_requests_running{engine="0"} 1')
 
 
 def test_sglang_meta_info_without_completion_tokens_is_refused() -> None:
