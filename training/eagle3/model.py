@@ -300,15 +300,10 @@ class Rotary(nn.Module):
         return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Return x (B, n, T, hd) rotated by the (B, T, hd) angles."""
     cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    return kernels.rotary(x, cos, sin)  # x * cos + rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -345,7 +340,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        return self.down_proj(kernels.swiglu(self.gate_proj(x), self.up_proj(x)))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
