@@ -68,7 +68,7 @@ def measure_variant(w: Path, name: str, options: dict[str, bool], settings: Any)
     return {
         "options": options, "export_format": fmt, "train_steps": result.step, "train_s": round(train_s, 1),
         "acceptance_length": figures["acceptance_length"],
-        "traffic_weighted": (figures.get("traffic") or {}).get("acceptance_length"),
+        "traffic_weighted": (figures.get("traffic_weighted") or {}).get("acceptance_length"),
         "agentic": ((figures.get("categories") or {}).get("agentic") or {}).get("acceptance_length"),
         "per_position": [r["rate"] for r in figures["overall"]["per_position"]],
         "simulated": simulated.get("acceptance_length"),
