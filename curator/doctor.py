@@ -19,6 +19,7 @@ from typing import Any
 from curator.engines import ENGINE_OF_LAYOUT, ENGINES, parse_launch, vllm
 from curator.engines.launch import Check, LaunchSpec, int_or_none
 from curator.engines.draft import DraftLayout, read_draft, safetensors_files
+from curator.engines.draft_variant import check_variant
 from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
 from training.errors import ModelMismatchError
@@ -87,6 +88,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
                             "embed_tokens.weight is in the export; the engine replaces it with the target's "
                             "embedding, so it only costs disk"))
     checks.extend(_check_fc(layout, h))
+    checks.extend(check_variant(layout))  # EAGLE-3.1's norms, as each engine builds them
     q = shapes.get(lay.decoder_prefix + "self_attn.q_proj.weight")
     if q is not None and len(q) == 2 and q[1] != 2 * h:
         checks.append(Check("midlayer input", "error",

@@ -92,7 +92,9 @@ def export_checkpoint(
         provenance={"checkpoint": str(ckpt.resolve()), "step": meta["step"], "target_dir": meta["target_dir"],
                     "vocab": meta.get("vocab", {}), "ttt_steps": meta.get("ttt_steps"),
                     # the layers the draft was trained on, as layer inputs, whatever the engine's numbering
-                    "aux_layer_inputs": ids, "split": meta.get("split")},
+                    "aux_layer_inputs": ids, "split": meta.get("split"),
+                    # the EAGLE-3.1 norms it was trained with: the doctor holds every engine's reading to them
+                    "variant": cfg.variant()},
     )
     config = layout.config(source)  # refuses what the layout's engines cannot serve as trained
     embeddings = None

@@ -15,6 +15,9 @@ from typing import Any
 
 from training.errors import TrainingError
 
+# training/eagle3/model.py's VARIANT_KEYS, repeated: this module loads without torch (the CLI's usage errors)
+VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+
 
 @dataclass
 class TrainConfig:
@@ -27,6 +30,12 @@ class TrainConfig:
     draft_vocab_size: int = 32000
     intermediate_size: int | None = None  # None: the target's
     init_lm_head_from_target: bool = True
+    # EAGLE-3.1's normalisations (training/eagle3/model.py; docs/eagle3-variants.md): all off is plain EAGLE-3
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc
+    fc_norm: bool = False  # one RMSNorm per aux state before fc (exclusive with norm_before_fc)
+    norm_before_residual: bool = False  # the midlayer's residual is the normed hidden (SGLang 0.5.23 ignores it)
+    norm_output: bool = False  # the next step is fed the post-norm hidden
+    init_from: str = ""  # start from an exported EAGLE-3/3.1 draft (either layout): its weights, vocabulary and norms
     vocab_max_samples: int | None = None  # count the draft vocab over at most this many train samples
     # training-time test and loss
     ttt_steps: int = 7
@@ -64,6 +73,9 @@ class TrainConfig:
             problems.append("ttt_steps must be >= 1")
         if self.global_batch_size < 1 or self.micro_batch_size < 1:
             problems.append("global_batch_size and micro_batch_size must be >= 1")
+        if self.norm_before_fc and self.fc_norm:
+            problems.append("norm_before_fc and fc_norm are exclusive (one norm over the concatenated aux states, "
+                            "or one per state)")
         if not 0.0 <= self.eval_fraction < 1.0:
             problems.append("eval_fraction must be in [0, 1)")
         if self.max_length < 2:
@@ -95,6 +107,10 @@ class TrainConfig:
             raise TrainingError(f"unknown training config keys: {unknown} (known: {sorted(fields)})")
         hints = typing.get_type_hints(cls)
         return cls(**{k: _coerce(k, v, hints[k]) for k, v in data.items()})
+
+    def variant(self) -> dict[str, bool]:
+        """Return the draft's EAGLE-3.1 normalisation flags, as training.eagle3.model.DraftConfig takes them."""
+        return {name: bool(getattr(self, name)) for name in VARIANT_KEYS}
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """Return a copy with the non-None `overrides` applied (CLI flags over the file)."""

@@ -63,11 +63,13 @@ from training.target.config import read_target_config
 from training.io.tempfiles import remove_stale_checkpoints
 from training.target.head import TargetHead, load_embeddings
 from training.train.config import TrainConfig, load_run_config
+from training.train.init_from import InitDraft, read_init_draft
 from training.eagle3.vocab import DraftVocab, build_vocab, count_tokens
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 # Options that change how a run is watched or where it runs, never what it learns.
 RESUME_INSENSITIVE = ("device", "log_every", "eval_every", "save_every", "out")
+TRAIN_DEFAULTS = TrainConfig().to_dict()
 LOCK_FILE = ".train.lock"
 
 
@@ -135,7 +137,8 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
         diffs = [
             f"{k}: {saved.get(k)!r} -> {v!r}"
             for k, v in cfg.to_dict().items()
-            if k not in RESUME_INSENSITIVE and saved.get(k) != v
+            # a key the saved run predates has its default there (e.g. the EAGLE-3.1 norms: off)
+            if k not in RESUME_INSENSITIVE and saved.get(k, TRAIN_DEFAULTS.get(k)) != v
         ]
         if diffs:
             raise TrainingError(f"--resume with a different config changes the run: {'; '.join(diffs)}")
@@ -148,7 +151,8 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
 
 
 def _resolve_vocab(
-    cfg: TrainConfig, store: States, train_ids: list[str], run_dir: Path, dist_info: DistInfo, fresh: bool
+    cfg: TrainConfig, store: States, train_ids: list[str], run_dir: Path, dist_info: DistInfo, fresh: bool,
+    init: InitDraft | None = None,
 ) -> DraftVocab:
     path = run_dir / "vocab.json"
     # Only a resumed run reuses its vocab; a fresh one (also in the folder of a run killed before
@@ -156,7 +160,8 @@ def _resolve_vocab(
     if (fresh or not path.exists()) and dist_info.is_main:
         ids = train_ids[: cfg.vocab_max_samples] if cfg.vocab_max_samples else train_ids
         counts, n, skipped = count_tokens((store.tokens(sid) for sid in ids), store.meta.vocab_size)
-        vocab = build_vocab(counts, cfg.draft_vocab_size, samples_counted=n, samples_skipped=skipped)
+        vocab = (init.vocab(counts, n, skipped) if init is not None  # a draft from elsewhere keeps its own
+                 else build_vocab(counts, cfg.draft_vocab_size, samples_counted=n, samples_skipped=skipped))
         vocab.save(path)
     barrier()
     return DraftVocab.load(path)
@@ -257,19 +262,27 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
             raise TrainingError(f"--resume on other data: {cfg.data} no longer holds the samples {ckpt} trained on")
     if ckpt is None and dist_info.is_main:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # left by a run killed before its first checkpoint
-    vocab = _resolve_vocab(cfg, store, train_ids, run_dir, dist_info, fresh=ckpt is None)
+    init = (read_init_draft(cfg.init_from, cfg.target, target_cfg, head.vocab_size, list(store.meta.aux_layer_ids),
+                             cfg.variant(), cfg.intermediate_size) if cfg.init_from and ckpt is None else None)
+    vocab = _resolve_vocab(cfg, store, train_ids, run_dir, dist_info, fresh=ckpt is None, init=init)
 
     torch.manual_seed(cfg.seed)
-    draft_cfg = DraftConfig.from_target_config(
-        {**target_cfg, "vocab_size": head.vocab_size},
-        draft_vocab_size=vocab.size,
-        aux_layer_ids=store.meta.aux_layer_ids,  # normalised to training.target.layers.CONVENTION when opened
-        intermediate_size=cfg.intermediate_size,
-    )
+    if init is not None or (cfg.init_from and ckpt is not None):  # a draft from elsewhere keeps its shape
+        draft_cfg = init.config if init is not None else DraftConfig.from_dict(read_meta(ckpt)["draft_config"])
+    else:
+        draft_cfg = DraftConfig.from_target_config(
+            {**target_cfg, "vocab_size": head.vocab_size},
+            draft_vocab_size=vocab.size,
+            aux_layer_ids=store.meta.aux_layer_ids,  # normalised to training.target.layers.CONVENTION when opened
+            intermediate_size=cfg.intermediate_size,
+            variant=cfg.variant(),
+        )
     draft = Eagle3Draft(draft_cfg)
     draft.load_embeddings(load_embeddings(cfg.target))
     draft.set_vocab(vocab.d2t, vocab.t2d)
-    if cfg.init_lm_head_from_target:
+    if init is not None:
+        draft.load_state_dict(init.weights, strict=False)  # every trainable weight (load_draft checked them)
+    elif cfg.init_lm_head_from_target:
         draft.init_lm_head_from_target(head.weight)
     draft.to(device)
 
