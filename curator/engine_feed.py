@@ -317,10 +317,15 @@ def _path_map(text: str) -> tuple[str, str] | None:
     return engine, local
 
 
-def capture_factory(cfg: TrainConfig) -> CaptureFactory:
-    """Return the factory the trainer calls (per rank) to reach the engines `cfg.engine` names."""
+@dataclass(frozen=True)
+class VllmCaptureFactory:
+    """The factory the trainer calls (per rank) to reach the engines a run's config names; a plain
+    dataclass, so that it crosses to spawned ranks (training.train.trainer.train_local_ranks)."""
 
-    def make(meta: StoreMeta, run_dir: Path, rank: int) -> VllmCapture:
+    cfg: dict[str, Any]
+
+    def __call__(self, meta: StoreMeta, run_dir: Path, rank: int) -> VllmCapture:
+        cfg = TrainConfig.from_dict(self.cfg)
         opts = VllmOptions(
             endpoints=[u.strip() for u in cfg.engine.split(",") if u.strip()],
             model=cfg.engine_model or cfg.target,
@@ -334,4 +339,7 @@ def capture_factory(cfg: TrainConfig) -> CaptureFactory:
         norm = load_final_norm(cfg.target) if meta.has_final else None  # one tensor, not the target
         return VllmCapture(opts, meta, norm, run_dir / "engine" / f"requests-rank-{rank}.json")
 
-    return make
+
+def capture_factory(cfg: TrainConfig) -> CaptureFactory:
+    """Return the factory the trainer calls (per rank) to reach the engines `cfg.engine` names."""
+    return VllmCaptureFactory(cfg.to_dict())

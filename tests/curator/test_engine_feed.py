@@ -231,9 +231,84 @@ def test_sigkill_then_resume_trains_the_same_batches_and_leaves_no_files(
             proc.wait()
         assert not (out / "summary.json").exists()
         time.sleep(0.3)  # the engine finishes writing what the dead client asked for
+        left = sorted(p.name for p in shared.iterdir())
+        assert left and all(file_request_id(n) for n in left)  # the kill left requests' files behind
+        # files the client never asked for by name are never read or removed, even ones that look like ours
+        decoys = ["cmpl-7.safetensors", "notes.txt", "cmpl-curator-deadbeef-1-0-aaaaaaaa.safetensors"]
+        for name in decoys:
+            (shared / name).write_bytes(b"not ours")
         train_engine(engine_config(gen, sharp_target, out, [server.url], shared, save_every=2, max_steps=12),
                      resume=True)
     with FakeVllmServer(sharp_target, shared, ENGINE_LAYERS, served_name="tiny") as server:
         train_engine(engine_config(gen, sharp_target, tmp_path / "whole", [server.url], shared, max_steps=12))
     assert losses(out) == losses(tmp_path / "whole")
-    assert not list(shared.iterdir())  # what the killed run left was found by name and removed
+    # what the killed run left was found by name and removed; the rest is untouched
+    assert sorted(p.name for p in shared.iterdir()) == sorted(decoys)
+    assert all((shared / n).read_bytes() == b"not ours" for n in decoys)
+
+
+DDP_TOLERANCE = 1e-4  # as tests/training/train/test_ddp.py: only the order of float sums differs
+
+
+@pytest.mark.slow
+def test_two_ranks_each_draw_their_own_samples_and_reproduce_the_store_run(
+    gen: Path, sharp_target: Path, store_run: Path, tmp_path: Path
+) -> None:
+    from training.train.trainer import train_local_ranks
+
+    shared = tmp_path / "shared"
+    with FakeVllmServer(sharp_target, shared, ENGINE_LAYERS, served_name="tiny") as server:
+        cfg = engine_config(gen, sharp_target, tmp_path / "run", [server.url], shared, device="cpu")
+        train_local_ranks(cfg, 2, threads_per_rank=1, capture_factory=capture_factory(cfg))
+        prompts = [tuple(p) for p in server.prompts]
+    one, two = losses(store_run), losses(tmp_path / "run")
+    assert [s for s, _ in one] == [s for s, _ in two]
+    assert all(abs(a - b) <= DDP_TOLERANCE for (_, a), (_, b) in zip(one, two))
+    # each training sample of each step was captured once, by the rank that trains it; the held-out ones
+    # twice (teacher-forced metrics, then simulated decoding), each by one rank
+    meta = json.loads(next(sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1].glob("meta.json")).read_text())
+    assert len(prompts) == STEPS * 4 + 2 * len(meta["split"]["eval_ids"])
+    assert not list(shared.iterdir())
+
+
+def _torchrun(args: list[str], port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "curator", "train",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_sigkill_under_ddp_resumes_exactly_and_leaves_no_files(
+    gen: Path, sharp_target: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    shared, out = tmp_path / "shared", tmp_path / "run"
+    with FakeVllmServer(sharp_target, shared, ENGINE_LAYERS, served_name="tiny", answer_delay_s=0.02) as server:
+        cfg = engine_config(gen, sharp_target, out, [server.url], shared, save_every=2, max_steps=10, device="cpu")
+        args = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in cfg.to_dict().items()
+                if v is not None and v != ""]
+
+        def port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        proc = _torchrun(args, port())
+        try:
+            _wait_for((out / "checkpoints", "step-0000004"), 240, proc)
+            time.sleep(0.1)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # every rank at once
+            proc.wait()
+        assert not (out / "summary.json").exists()
+        time.sleep(0.3)
+        proc = _torchrun([*args, "--resume"], port())
+        assert proc.wait(timeout=300) == 0, proc.stdout.read().decode() if proc.stdout else ""
+        whole = engine_config(gen, sharp_target, tmp_path / "whole", [server.url], shared, max_steps=10, device="cpu")
+        from training.train.trainer import train_local_ranks
+
+        train_local_ranks(whole, 2, threads_per_rank=1, capture_factory=capture_factory(whole))
+    assert losses(out) == losses(tmp_path / "whole")
+    assert not list(shared.iterdir())

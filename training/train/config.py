@@ -30,8 +30,8 @@ class TrainConfig:
     engine_retries: int = 4
     engine_timeout_s: float = 600.0
     prefetch_samples: int = 64  # captured samples held ahead of the step, per rank
-    prefetch_bytes: str = ""  # and at most this many bytes of them (e.g. 8GB); empty: no byte bound
-    cache_budget: str = "0"  # keep captured samples on local disk up to this (e.g. 500GB) for later epochs; 0: recapture every epoch
+    prefetch_bytes: str | int = ""  # and at most this many bytes of them (e.g. 8GB); empty: no byte bound
+    cache_budget: str | int = "0"  # keep captured samples on local disk up to this (e.g. 500GB) for later epochs; 0: recapture every epoch
     cache_dir: str = ""  # where the cache goes (default: out/engine-cache)
     target: str = ""  # the target's local model directory (config.json + safetensors)
     out: str = ""  # run directory: checkpoints, metrics.jsonl, vocab.json

@@ -554,20 +554,22 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
     return TrainResult(run.run_dir, path, step, last_train, last_eval, run.meta["vocab"])
 
 
-def _local_rank_main(rank: int, world: int, port: int, cfg_dict: dict[str, Any], threads: int | None) -> None:
+def _local_rank_main(rank: int, world: int, port: int, cfg_dict: dict[str, Any], threads: int | None,
+                     capture_factory: CaptureFactory | None = None) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if threads:
         torch.set_num_threads(threads)
     try:
-        train(TrainConfig.from_dict(cfg_dict))
+        train(TrainConfig.from_dict(cfg_dict), capture_factory=capture_factory)
     except BaseException:
         shutdown(clean=False)
         raise
     shutdown()
 
 
-def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: int | None = None) -> None:
+def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: int | None = None,
+                      capture_factory: CaptureFactory | None = None) -> None:
     """Train `cfg` on `world_size` processes of this machine, as torchrun would start them.
 
     For notebooks and tests; on a cluster use torchrun with either entry point.
@@ -579,7 +581,8 @@ def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: in
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_local_rank_main, args=(world_size, port, cfg.to_dict(), threads_per_rank), nprocs=world_size, join=True)
+    mp.spawn(_local_rank_main, args=(world_size, port, cfg.to_dict(), threads_per_rank, capture_factory),
+             nprocs=world_size, join=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
