@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from training.capture.hidden_states import ExtractStats, PreparedSample, prepare_samples, store_meta
 from training.errors import TrainingError
@@ -161,21 +161,26 @@ class SampleCache:
     def __contains__(self, sid: object) -> bool:
         return sid in self._kept
 
-    def room_for(self, n_bytes: int) -> bool:
-        return self.bytes + n_bytes <= self.budget
-
-    def put(self, s: HiddenStateSample) -> None:
+    def put(self, s: HiddenStateSample) -> bool:
+        """Keep `s` when its file fits what is left of the budget (its real size, header included);
+        return whether it was kept."""
+        if self.bytes >= self.budget:
+            return False
         tensors = {"input_ids": s.input_ids.contiguous(), "loss_mask": s.loss_mask.contiguous(),
                    "aux": s.aux.contiguous()}
         if s.final is not None:
             tensors["final"] = s.final.contiguous()
+        data = save(tensors)
+        if self.bytes + len(data) > self.budget:
+            return False
         final_path = self.root / self._names[s.id]
         tmp = self.root / f".tmp-{os.getpid()}-{final_path.name}"
-        save_file(tensors, str(tmp))
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, final_path)
-        size = final_path.stat().st_size
-        self._kept[s.id] = size
-        self.bytes += size
+        self._kept[s.id] = len(data)
+        self.bytes += len(data)
+        return True
 
     def get(self, want: PreparedSample, tokens: int) -> HiddenStateSample:
         path = self.root / self._names[want.id]
@@ -319,8 +324,7 @@ class EngineStates:
             else:
                 got = self._wait(held.future, want)
                 check_sample(got, want, self.meta, tokens, "the engine")
-                if self.cache is not None and sid not in self.cache and self.cache.room_for(held.n_bytes):
-                    self.cache.put(got)
+                if self.cache is not None and sid not in self.cache and self.cache.put(got):
                     self.stats.cache_writes += 1
                     self.stats.cache_bytes = self.cache.bytes
             self.stats.wait_s += time.perf_counter() - t0
