@@ -33,8 +33,10 @@ def _duration(s: float | None) -> str:
 def feed_table(choices: list[FeedChoice], capture_rate: float | None, servers: int) -> Any:
     rate = f"capture time at {capture_rate:,.0f} tok/s x {servers}" if capture_rate else "capture time (--capture-rate)"
     return rows_table(
-        ["feed", "disk high-water", "prefill/epoch (tokens)", "prefill total", rate, "note"],
-        [(c.name, human_bytes(c.disk_high_water), " / ".join(f"{t:,}" for t in c.prefill_per_epoch),
+        ["feed", "disk high-water (at most)", "window (host memory)", "prefill/epoch (tokens)", "prefill total", rate,
+         "note"],
+        [(c.name, human_bytes(c.disk_high_water), human_bytes(c.window_bytes) if c.window_bytes else "-",
+          " / ".join(f"{t:,}" for t in c.prefill_per_epoch),
           f"{c.prefill_total:,}", _duration(c.capture_s), "; ".join(c.notes)) for c in choices],
         title="feeding the trainer: full store vs engine-fed",
     )

@@ -4,7 +4,9 @@
 Per choice: the disk high-water mark, the target prefill tokens of each epoch, and the capture
 time at a measured rate (prefill tokens per second per capture server). The engine-fed window
 (prefetch_samples samples, in host memory; their files pass through the engine's shared folder)
-is counted in the high-water mark of both engine-fed choices. Which samples a cache keeps is the
+is counted in the disk high-water mark of both engine-fed choices as an upper bound (the client
+removes each engine file as soon as it has read it, so only the requests in flight are on disk at
+once), and shown apart as the host memory it takes. Which samples a cache keeps is the
 first ones the trainer consumes, a random draw of the data (epoch order is shuffled), so a budget
 B keeps about B / (bytes per token) tokens.
 """
@@ -19,7 +21,8 @@ from training.errors import TrainingError
 @dataclass
 class FeedChoice:
     name: str
-    disk_high_water: int  # bytes: store, or cache + window
+    disk_high_water: int  # bytes, at most: the store, or cache + window
+    window_bytes: int  # host memory of the engine-fed window (0 for a store)
     prefill_per_epoch: list[int]  # target prefill tokens in each epoch
     capture_s: float | None  # at the given rate and server count; None without a rate
     notes: list[str] = field(default_factory=list)
@@ -44,15 +47,16 @@ def price_feeds(
     def time_of(prefill: int) -> float | None:
         return prefill / (capture_rate * servers) if capture_rate else None
 
-    store = FeedChoice("full store", full, [tokens] + [0] * (epochs - 1), time_of(tokens))
-    again = FeedChoice("engine-fed, capture every epoch", round(window), [tokens] * epochs, time_of(tokens * epochs))
+    store = FeedChoice("full store", full, 0, [tokens] + [0] * (epochs - 1), time_of(tokens))
+    again = FeedChoice("engine-fed, capture every epoch", round(window), round(window), [tokens] * epochs,
+                       time_of(tokens * epochs))
     choices = [store, again]
     if cache_budget > 0:
         kept = min(tokens, cache_budget // bytes_per_token)
         later = tokens - kept
         prefill = [tokens] + [later] * (epochs - 1)
         cached = FeedChoice(f"engine-fed, cache up to {cache_budget:,} B", round(min(cache_budget, full) + window),
-                            prefill, time_of(sum(prefill)))
+                            round(window), prefill, time_of(sum(prefill)))
         cached.notes.append(f"keeps {kept / tokens:.0%} of the tokens after the first epoch")
         choices.append(cached)
     return choices
