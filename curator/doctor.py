@@ -22,7 +22,7 @@ from curator.engines.draft import DraftLayout, read_draft, safetensors_files
 from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
 from training.errors import ModelMismatchError
-from training.eagle3.layouts import LAYOUTS, Layout, layout_of
+from training.eagle3.layouts import LAYOUTS
 from training.target.config import read_target_config
 
 __all__ = ["Check", "DoctorReport", "DraftLayout", "LaunchSpec", "check_launch", "diagnose", "parse_launch", "read_draft",

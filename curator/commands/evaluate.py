@@ -10,7 +10,8 @@ import typer
 from rich.markup import escape
 
 from curator.errors import ConfigError
-from curator.ui import console, progress, rows_table, summary_table
+from curator.evaluation.measure import measure
+from curator.ui import console, rows_table, summary_table
 from training.io.atomic import write_json
 
 
@@ -80,33 +81,6 @@ def eval_command(
         write_json(json_out, {"model": str(model), "draft": str(draft), "prompts": str(prompts), **extra, **report.to_json()})
         console.print(f"report written to {json_out}")
     return 0
-
-
-def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, steps: int, max_new_tokens: int,
-            tie_margin: float, topk: int = 1, num_draft_tokens: int | None = None, sampling: Any = None,
-            weights: Any = None, offline: tuple[Path, Path, Any] | None = None) -> Any:
-    """Return the EvalReport of speculative decoding of `prompts` (a progress bar while it runs); with
-    `weights` (curator.evaluation.weighting.eval_weights) its traffic-weighted figures; with `offline`
-    (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
-    the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
-    from training.eval.decode import DraftProposer, evaluate, offline_estimate
-    from training.eval.simulate import traffic_weighted
-
-    with progress() as bar:
-        task = bar.add_task("speculative decoding", total=len(prompts))
-        report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), prompts, steps=steps, topk=topk,
-                          max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
-                          on_prompt=lambda _: bar.advance(task))
-    if weights is not None:
-        report.traffic = traffic_weighted(report.categories, weights.shares, weights.groups)
-    if offline is not None:
-        data, model, split = offline
-        with console.status("offline estimates on held-out hidden states"):
-            report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
-                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-                                              traffic_shares=weights.shares if weights else None,
-                                              traffic_groups=weights.groups if weights else None)
-    return report
 
 
 def render_eval(report: Any, wall_s: float) -> None:

@@ -9,35 +9,15 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 from pydantic import ValidationError
-from rich.progress import Progress, TaskID, TextColumn
+from rich.progress import TextColumn
 
 from curator.errors import CatalogError, ConfigError, EndpointError
 from curator.http import DEFAULT_MAX_ANSWER_BYTES
+from curator.generate.progress import LiveProgress, short_endpoint
 from curator.ui import console, progress, summary_table
 
 if TYPE_CHECKING:  # the generate stage imports torch (token-exact rendering): only a run pays for it
-    from curator.generate import GenerationStats, Snapshot
-
-
-class _LiveProgress:
-    """One bar: conversations done/total, rate and ETA, plus req/s, tok/s, errors and the
-    requests in flight on each endpoint."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.task: TaskID | None = None
-
-    def __call__(self, snap: Snapshot) -> None:
-        if self.task is None:
-            self.task = self.bar.add_task("generate", total=snap.total, info="")
-        flights = " ".join(f"{_short(name)}:{n}" for name, n in snap.in_flight.items())
-        info = (f"{snap.requests_per_s:,.1f} req/s  {snap.output_tokens_per_s:,.0f} tok/s  "
-                f"errors {snap.errors:,}  in flight {flights}")
-        self.bar.update(self.task, completed=snap.done, total=snap.total, info=info)
-
-
-def _short(endpoint: str) -> str:
-    return endpoint.split("://", 1)[-1]
+    from curator.generate import GenerationStats
 
 
 def _parse_extra_body(text: Optional[str]) -> dict:
@@ -72,7 +52,7 @@ def summary_rows(stats: GenerationStats) -> list[tuple[str, object]]:
         ("output tokens/s", round(stats.output_tokens_per_s, 1)),
     ]
     for name, n in stats.requests_by_endpoint.items():
-        rows.append((f"requests on {_short(name)}", f"{n:,} ({stats.errors_by_endpoint.get(name, 0):,} failed)"))
+        rows.append((f"requests on {short_endpoint(name)}", f"{n:,} ({stats.errors_by_endpoint.get(name, 0):,} failed)"))
     rows += [
         ("done in output", f"{stats.done_total:,} / {stats.mix_rows:,}"),
         ("failed in errors.jsonl", stats.errors_total),
@@ -136,7 +116,7 @@ def generate_command(
 
     bar = progress(TextColumn("{task.fields[info]}"))
     with bar:
-        stats = generate(config, on_progress=_LiveProgress(bar))
+        stats = generate(config, on_progress=LiveProgress(bar))
     console.print(summary_table("generation", summary_rows(stats)))
     # The run is complete on disk whatever the catalog says: a catalog failure is a warning.
     try:

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, TaskID, TextColumn
 
 from curator.errors import CatalogError, ConfigError
 from curator.loss_report import LOSS_NOTE, loss_text
-from curator.ui import console, progress, rows_table, summary_table
+from curator.train_progress import accept_length_rows, training_progress
+from curator.ui import console, rows_table, summary_table
 from training.errors import TrainingError
 from training.train.config import TrainConfig, load_run_config
 
 if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a usage error
     from training.train.trainer import TrainResult
-
-
-def _fmt_acc(values: list[float]) -> str:
-    return " ".join(f"{v:.2f}" for v in values)
 
 
 def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> None:
@@ -38,39 +33,6 @@ def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> 
                                      "checkpoint": str(result.checkpoint), "step": result.step})
     except CatalogError as exc:
         console.print(f"[yellow]warning:[/] the run was not recorded in the catalog: {escape(str(exc))}")
-
-
-def accept_length_rows(record: dict[str, Any], split: str) -> dict[str, float | None]:
-    """Return a metrics record's acceptance lengths, each named with its chain length K (the most
-    it can be is K + 1): the teacher-forced one over the TTT steps, and the simulated one."""
-    rows: dict[str, float | None] = {}
-    if record.get("accept_length") is not None:
-        rows[f"{split} accept length (teacher-forced, K={len(record.get('cond_acc') or record['acc'])})"] = \
-            record["accept_length"]
-    if record.get("sim_accept_length") is not None:
-        rows[f"{split} simulated accept length (K={record.get('sim_steps', '?')})"] = record["sim_accept_length"]
-    return rows
-
-
-def training_progress() -> tuple[Progress, Callable[[dict[str, Any]], None]]:
-    """Return a progress display for a draft's training and the trainer's `on_metrics` callback
-    that feeds it (a bar for the train steps, a line per eval)."""
-    bar = progress(TextColumn("{task.fields[status]}"))
-    tasks: list[TaskID] = []  # added at the first record: a run refused while it sets up draws no bar
-
-    def show(record: dict[str, Any]) -> None:
-        if record["split"] == "train":
-            if not tasks:
-                tasks.append(bar.add_task("train", total=record["total_steps"], status=""))
-            bar.update(tasks[0], completed=record["step"], total=record["total_steps"],
-                       status=f"{loss_text(record)}  acc {_fmt_acc(record['acc'][:3])}  "
-                              f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
-        else:
-            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
-                              f"acc {_fmt_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
-                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
-
-    return bar, show
 
 
 def train(

@@ -371,11 +371,11 @@ class Demo:
                 "--batch-size", "64", "--catalog", str(self.catalog)]
 
         def fn() -> dict[str, Any]:
-            from curator.commands.generate import _LiveProgress
+            from curator.generate.progress import LiveProgress
 
             bar = progress(TextColumn("{task.fields[info]}"))
             with bar:
-                stats = generate(config, on_progress=_LiveProgress(bar))
+                stats = generate(config, on_progress=LiveProgress(bar))
             Catalog.open(self.catalog).record_generation_run(stats.run_id, str(config.mix), str(out), config.model,
                                                              stats.endpoints, stats.as_dict())
             repeated = self._check_answers(out)
@@ -461,7 +461,7 @@ class Demo:
         config_path = self.w / "train.yaml"
 
         def fn() -> dict[str, Any]:
-            from curator.commands.train import accept_length_rows, training_progress
+            from curator.train_progress import accept_length_rows, training_progress
             from training.train.config import load_run_config
             from training.train.trainer import train
 
@@ -529,7 +529,7 @@ class Demo:
                 str(self.s.eval_max_new_tokens), "--data", str(self.w / "states"), "--device", "cpu", "--json", str(out)]
 
         def fn() -> dict[str, Any]:
-            from curator.commands.evaluate import measure
+            from curator.evaluation.measure import measure
             from curator.mix.prompts import mix_prompts
             from curator.evaluation.weighting import eval_weights
             from training.eval.decode import held_out_split, load_target

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-from curator.errors import ConfigError
 from curator.rows.formats import Conversation
 from curator.rows.tokens import TokenCounter
 

@@ -178,7 +178,7 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     path = ckpt / TRAINER_STATE
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
+    except pickle.UnpicklingError:
         raise TrainingError(
             f"{path} holds objects other than tensors and plain values, which only a full unpickling could "
             "load, and that can run code: refusing it. It was not written by this toolkit, or was tampered "

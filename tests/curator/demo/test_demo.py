@@ -153,7 +153,7 @@ def test_the_demo_prints_commands_a_person_would_type() -> None:
 
 
 def test_the_report_page_writes_numbers_as_the_terminal_does(tmp_path: Path) -> None:
-    from curator.commands.train import accept_length_rows
+    from curator.train_progress import accept_length_rows
     from curator.demo.report import DemoReport, StageResult, write_html
     from curator.ui import format_value
 

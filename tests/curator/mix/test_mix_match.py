@@ -120,8 +120,8 @@ def test_a_short_source_gives_its_remainder_to_its_category(folder: Path) -> Non
 def test_a_profile_sharing_no_category_with_the_recipe_is_refused_listing_both(folder: Path, capsys) -> None:
     profile = write_profile(folder / "p.json", {"agentic": 0.5, "reasoning": 0.5}, {})
     recipe = folder / "r.yaml"
-    recipe.write_text(f"name: m\nsources:\n  - path: chat.jsonl\n    samples: 5\n    category: chat\n"
-                      f"  - path: code.jsonl\n    samples: 5\n    category: general\n")
+    recipe.write_text("name: m\nsources:\n  - path: chat.jsonl\n    samples: 5\n    category: chat\n"
+                      "  - path: code.jsonl\n    samples: 5\n    category: general\n")
     assert main(["build-mix", "--recipe", str(recipe), "--out", str(folder / "mix"), "--match", str(profile),
                  "--catalog", str(folder / "c.duckdb")]) == 1
     err = " ".join(capsys.readouterr().err.split())
