@@ -124,7 +124,9 @@ def main() -> int:
 
     store = work / "store"
     cap = ["hidden-states", "--backend", "vllm", "--model", "target", "--target-dir", str(target), "--data",
-           str(gen), "--out", str(store), "--shared-dir", str(shared), "--concurrency", "2", "--force"]
+           str(gen), "--out", str(store), "--shared-dir", str(shared), "--concurrency", "1", "--force"]
+    # one request at a time: the store's index order is the generation order the engine feed reads,
+    # so both runs train the same batches in the same order
     assert curator(["hidden-states", "--backend", "vllm", "--print-server-command", "--model", str(target),
                     "--shared-dir", str(shared)]) == 0
     from training.capture.hidden_states import store_meta
@@ -152,6 +154,7 @@ def main() -> int:
         results["tokens"] = n_tokens
 
         wall, last, recs = train_timed(TrainConfig.from_dict({**base, "data": str(store), "out": str(work / "r-store")}))
+        store_losses = [r["loss"] for r in recs]
         results["store_train"] = {"wall_s": wall, "steps": last["step"], "loss": last["loss"],
                                   "mean_tokens_per_s": sum(r["tokens_per_s"] for r in recs) / len(recs)}
         engine = dict(engine=server.url, engine_model="target", engine_shared_dir=str(shared), engine_concurrency=2,
@@ -166,7 +169,9 @@ def main() -> int:
                              "mean_tokens_per_s": sum(r["tokens_per_s"] for r in recs) / len(recs),
                              "disk_high_water_bytes": hw.peak, "feed": last.get("feed"),
                              "cache_budget_bytes": extra["cache_budget"],
-                             "store_over_high_water": results["store_bytes"] / max(1, hw.peak)}
+                             "store_over_high_water": results["store_bytes"] / max(1, hw.peak),
+                             "same_loss_curve_as_store": [r["loss"] for r in recs] == store_losses,
+                             "max_loss_diff": max(abs(r["loss"] - x) for r, x in zip(recs, store_losses))}
         results["shared_left_after"] = sorted(p.name for p in shared.iterdir())
     s = results["store_train"]["mean_tokens_per_s"]
     for name in ("engine_cache", "engine_every_epoch"):

@@ -41,8 +41,7 @@ import httpx
 
 from curator import http
 from curator.engines.vllm import CAPTURE_SHARED_DIR
-from curator.errors import EndpointError
-from curator.hidden_vllm import VllmExtractor, VllmOptions, _Fatal, api_key_from_env, load_final_norm
+from curator.hidden_vllm import VllmExtractor, VllmOptions, api_key_from_env, load_final_norm
 from training.capture.hidden_states import PreparedSample
 from training.feed.engine import CaptureFactory, EngineFeedError
 from training.io.atomic import write_text
@@ -141,6 +140,10 @@ def _writer_done(lock: Path, wait_s: float) -> bool:
         os.close(fd)
 
 
+class ForeignFileError(Exception):
+    """The engine named a file that is not the one of the request sent: nothing is read or removed."""
+
+
 class _NamedExtractor(VllmExtractor):
     """VllmExtractor that accepts only the file named after the request id it sent."""
 
@@ -148,7 +151,7 @@ class _NamedExtractor(VllmExtractor):
         path = super().engine_file(engine_path)
         rid = REQUEST_ID.get()
         if rid is not None and file_request_id(path.name) != rid:
-            raise _Fatal(
+            raise ForeignFileError(
                 f"the engine named {path.name!r} as the file of request {rid}, which is not the name vLLM gives it "
                 f"(cmpl-{rid}-<n>-<8 hex>.safetensors); nothing was read or removed. Is the shared folder "
                 "shared with another engine or run?")
@@ -274,9 +277,9 @@ class VllmCapture:
                 e.served += 1
                 self.counters.per_engine[e.url] = e.served
                 return sample
-            except (EndpointError, _Fatal) as exc:
+            except Exception as exc:  # noqa: BLE001  (every engine fault: EndpointError, a wrong file, a foreign name)
                 # after its retries, or a wrong answer: this engine is out of the run, the sample goes elsewhere
-                e.down = str(exc)
+                e.down = str(exc) or type(exc).__name__
                 self.counters.failovers += 1
             finally:
                 REQUEST_ID.reset(token)

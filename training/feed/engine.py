@@ -113,6 +113,15 @@ def sample_bytes(meta: StoreMeta, tokens: int) -> int:
     return tokens * (bytes_per_token(meta.hidden_size, len(meta.aux_layer_ids), "bf16", meta.has_final) + 5)
 
 
+def as_stored(s: HiddenStateSample) -> HiddenStateSample:
+    """Return `s` with its states rounded to bf16 as a store writes them (training.storage.store), so that
+    an engine serving in float32 feeds the draft exactly what a store of its states would."""
+    s.aux = s.aux.detach().cpu().to(torch.bfloat16)
+    if s.final is not None:
+        s.final = s.final.detach().cpu().to(torch.bfloat16)
+    return s
+
+
 def check_sample(got: HiddenStateSample, want: PreparedSample, meta: StoreMeta, tokens: int, where: str) -> None:
     """Raise EngineFeedError unless `got` holds `tokens` positions of `want`'s ids at the store's widths."""
     n_aux, h = len(meta.aux_layer_ids), meta.hidden_size
@@ -317,12 +326,12 @@ class EngineStates:
             held = self._take(step, sid) if step is not None else None
             if held is None:
                 self.stats.on_demand += 1
-                got = self._wait(self._capture.submit(want), want, scheduled=False)
+                got = as_stored(self._wait(self._capture.submit(want), want, scheduled=False))
                 check_sample(got, want, self.meta, tokens, "the engine")
             elif held.future is None:
                 got = self.cache.get(want, tokens)  # type: ignore[union-attr]
             else:
-                got = self._wait(held.future, want)
+                got = as_stored(self._wait(held.future, want))
                 check_sample(got, want, self.meta, tokens, "the engine")
                 if self.cache is not None and sid not in self.cache and self.cache.put(got):
                     self.stats.cache_writes += 1

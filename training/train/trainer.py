@@ -454,8 +454,9 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
             local = epoch_cache[1][index][rank::world]
         # packed, no padding: each micro-batch holds at most what a padded one of micro_batch_size could
         micro = plan_micro_batches(local, lengths, cfg.micro_batch_size * cfg.max_length)
-        source = store.for_step(at_step) if engine is not None else store  # engine-fed: this step's captures
-        packed = [pack_samples(source, ids, cfg.max_length) for ids in micro]  # type: ignore[arg-type]
+        # engine-fed: this step's captures
+        source: Any = engine.for_step(at_step) if engine is not None else store
+        packed = [pack_samples(source, ids, cfg.max_length) for ids in micro]
         return [b.pin_memory() for b in packed] if device.type == "cuda" else packed
 
     def rank_schedule(start: int) -> Iterator[tuple[int, list[str]]]:
@@ -469,7 +470,7 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
             micro = plan_micro_batches(order[1][index][rank::world], lengths, cfg.micro_batch_size * cfg.max_length)
             yield at_step, [sid for ids in micro for sid in ids]
 
-    engine = store if isinstance(store, EngineStates) else None
+    engine: EngineStates | None = store if isinstance(store, EngineStates) else None
     if engine is not None:
         engine.start(rank_schedule(step))
 
@@ -533,8 +534,8 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
                 break
     except EngineFeedError:
         # the engines cannot go on: keep every finished step, so that --resume starts right after it
-        if not dist_info.enabled and step > max(last_saved, 0):
-            engine.stop_schedule()  # type: ignore[union-attr]
+        if engine is not None and not dist_info.enabled and step > max(last_saved, 0):
+            engine.stop_schedule()
             save(step)
         raise
     finally:

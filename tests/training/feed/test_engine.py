@@ -29,7 +29,6 @@ def prepared(n: int) -> dict[str, PreparedSample]:
 
 
 def states_of(s: PreparedSample) -> HiddenStateSample:
-    t = s.input_ids.shape[0]
     base = s.input_ids.float()[:, None]
     return HiddenStateSample(s.id, s.input_ids, s.loss_mask, base.repeat(1, 12).bfloat16(),
                              base.repeat(1, 4).bfloat16(), s.category)
@@ -108,6 +107,23 @@ def test_wrong_states_stop_the_feed_by_name() -> None:
     feed.start(schedule(ids, 4))
     with pytest.raises(EngineFeedError, match=f"{ids[2]}.*aux states"):
         feed.for_step(0).load_many(ids[:4])
+    feed.close()
+
+
+def test_float32_engine_states_are_rounded_as_a_store_rounds_them() -> None:
+    samples = prepared(2)
+
+    class Float32(LocalCapture):
+        def _one(self, s: PreparedSample) -> HiddenStateSample:
+            got = states_of(s)
+            got.aux, got.final = got.aux.float() / 3, got.final.float() / 3  # not representable in bf16
+            return got
+
+    cap = Float32()
+    feed = EngineStates(samples, META, lambda: cap, root="gen", max_length=100)
+    got = feed.load_many(list(samples))
+    want = states_of(samples["s000"])
+    assert got[0].aux.dtype == torch.bfloat16 and torch.equal(got[0].aux, (want.aux.float() / 3).to(torch.bfloat16))
     feed.close()
 
 
