@@ -32,7 +32,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("curator", "curator.errors", "curator.aio", "curator.cpu", "curator.http", "curator.ui", "curator.loss_report"),
     ("curator.rows", "curator.llm", "curator.hub", "curator.catalog", "curator.engines"),
     ("curator.sql", "curator.traffic", "curator.generate", "curator.doctor", "curator.hidden_vllm", "curator.train_progress"),
-    ("curator.mix", "curator.capture", "curator.forecast"),
+    ("curator.mix", "curator.capture", "curator.forecast", "curator.engine_feed", "curator.feed_plan_view"),
     ("curator.scout", "curator.serve_bench"),
     ("curator.evaluation",),
     ("curator.demo",),

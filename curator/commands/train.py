@@ -59,8 +59,14 @@ def train(
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar, show = training_progress()
+    factory = None
+    if cfg.engine:  # engine-fed: the trainer draws states through curator's vLLM client
+        from curator.engine_feed import capture_factory
+
+        factory = capture_factory(cfg)
     with bar if is_main else nullcontext():
-        result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after)
+        result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after,
+                              capture_factory=factory)
     if not is_main:
         return
     final = result.eval or result.train
@@ -69,6 +75,11 @@ def train(
                                    ("draft vocab coverage", f"{100 * result.vocab.get('coverage', 0):.2f}%")]
     if result.train:
         rows += [("train loss", loss_text(result.train)), *accept_length_rows(result.train, "train").items()]
+    feed = result.train.get("feed") if result.train else None
+    if feed:
+        rows += [("engine captures (this session)", f"{feed['captured']:,} samples, {feed['captured_tokens']:,} tokens"),
+                 ("engine cache", f"{feed['cache_hits']:,} reads, {feed['cache_bytes']:,} bytes kept"),
+                 ("waited for the engines", f"{feed['wait_s']:.1f} s")]
     if result.eval:
         rows += [("eval loss", loss_text(result.eval)), *accept_length_rows(result.eval, "eval").items()]
     console.print(summary_table("curator train", rows))

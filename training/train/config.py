@@ -24,6 +24,19 @@ class TrainConfig:
     # where things are
     data: str = ""  # hidden-state store directory; with online: a generation output directory
     online: bool = False  # run the target beside the draft (training/capture/online.py): nothing is stored
+    # engine-fed (training/feed/engine.py, docs/engine-fed.md): vLLM servers running extract_hidden_states
+    # capture each sample's states just before its step; data is a generation output directory
+    engine: str = ""  # comma-separated endpoint URLs; empty: not engine-fed
+    engine_model: str = ""  # the name the engines serve the target under (default: target)
+    engine_shared_dir: str = ""  # the engines' shared_storage_path, as they name it
+    engine_path_map: str = ""  # ENGINE_DIR=LOCAL_DIR when the shared folder is mounted elsewhere here
+    engine_concurrency: int = 4  # requests in flight per engine
+    engine_retries: int = 4
+    engine_timeout_s: float = 600.0
+    prefetch_samples: int = 64  # captured samples held ahead of the step, per rank
+    prefetch_bytes: str | int = ""  # and at most this many bytes of them (e.g. 8GB); empty: no byte bound
+    cache_budget: str | int = "0"  # keep captured samples on local disk up to this (e.g. 500GB) for later epochs; 0: recapture every epoch
+    cache_dir: str = ""  # where the cache goes (default: out/engine-cache)
     target: str = ""  # the target's local model directory (config.json + safetensors)
     out: str = ""  # run directory: checkpoints, metrics.jsonl, vocab.json
     # the draft
@@ -91,6 +104,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not 0.0 <= value < 1.0:
                 problems.append(f"{name} must be in [0, 1), not {value!r}")
+        if self.engine and self.online:
+            problems.append("engine and online are two sources of states: set one")
+        if self.prefetch_samples < 1 or self.engine_concurrency < 1 or self.engine_retries < 0:
+            problems.append("prefetch_samples and engine_concurrency must be >= 1, engine_retries >= 0")
         if problems:
             raise TrainingError("invalid training config: " + "; ".join(problems))
 
