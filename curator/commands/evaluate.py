@@ -45,7 +45,7 @@ def eval_command(
 
     from curator.evaluation.weighting import eval_weights
     from training.eval.decode import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
-    from training.export.export import load_draft
+    from training.eagle3.load import load_draft
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:

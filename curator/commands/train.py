@@ -104,7 +104,8 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
+    from training.export.export import FORMATS, export_checkpoint, is_hub_id
+    from training.eagle3.load import read_export_config
     from training.eagle3.layouts import layout_named
 
     if format not in FORMATS:

@@ -534,7 +534,7 @@ class Demo:
             from curator.mix.prompts import mix_prompts
             from curator.evaluation.weighting import eval_weights
             from training.eval.decode import held_out_split, load_target
-            from training.export.export import load_draft
+            from training.eagle3.load import load_draft
 
             chosen, _ = mix_prompts(prompts)
             weights = eval_weights(profile)

@@ -43,12 +43,12 @@ from training.train.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     read_meta,
-    read_weights,
     restore_rng_state,
     rng_state,
     save_checkpoint,
     WEIGHTS,
 )
+from training.io.weights import read_weights
 from training.runtime.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from training.eagle3.model import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, StoreError, TrainingError

@@ -15,7 +15,8 @@ from safetensors import safe_open
 
 from tests.training.train.test_trainer import AUX_LAYERS, one_thread, sharp_target, store_dir, tiny_config  # noqa: F401  (fixtures)
 from training.errors import TrainingError
-from training.export.export import export_checkpoint, load_draft
+from training.export.export import export_checkpoint
+from training.eagle3.load import load_draft
 from training.train.checkpoint import load_checkpoint_draft
 from training.train.trainer import train
 
