@@ -98,8 +98,6 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a finite number >= 0, not {value!r}")
-        if isinstance(self.lr, (int, float)) and self.lr == 0:
-            problems.append("lr must be > 0")
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
             if isinstance(value, (int, float)) and not 0.0 <= value < 1.0:
