@@ -85,8 +85,9 @@ def plan(
     servers: int = typer.Option(1, "--servers", help="Capture servers working at once (with --capture-rate)."),
     prefetch_samples: int = typer.Option(64, "--prefetch-samples", help="Engine-fed window: samples held ahead."),
 ) -> None:
-    """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk;
-    with --epochs/--cache-budget/--capture-rate, the price of a full store against engine-fed training."""
+    """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk.
+
+    With --epochs/--cache-budget/--capture-rate, also the price of a full store against engine-fed training."""
     from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
     from training.capture.plan import data_lengths, load_shape, make_plan
 
