@@ -404,3 +404,12 @@ def test_a_draft_on_four_layers_with_its_count_written_passes(tmp_path: Path, ta
         "eagle_aux_hidden_state_layer_ids": [2, 3, 4, 5], "curator": {"aux_layer_inputs": [2, 3, 4, 5]}})
     report = diagnose(draft, target, launch=sglang_cmd(target, draft))
     assert report.ok, [c for c in report.checks if c.status == "error"]
+
+
+def test_vllm_method_eagle_says_what_vllm_does(tmp_path: Path, target: Path) -> None:
+    """vLLM 0.32 refuses `"method": "eagle"` on an EAGLE-3 export at start-up (tests/serving/
+    test_served_doctor.py starts it): the doctor says so, not SGLang's silent fc bypass."""
+    draft = write_sglang_export(tmp_path / "d")
+    report = diagnose(draft, target, launch=vllm_cmd(target, draft, method="eagle"))
+    algorithm = next(c for c in report.errors if c.name == "algorithm")
+    assert "refuses to start" in algorithm.detail and "fc is silently skipped" not in algorithm.detail
