@@ -55,7 +55,8 @@ from curator.traffic.classify import classify  # noqa: E402
 from training.capture import hidden_states  # noqa: E402
 from training.io.atomic import write_text  # noqa: E402
 from training.eval.decode import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
-from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.export.export import export_checkpoint  # noqa: E402
+from training.eagle3.load import load_draft  # noqa: E402
 from training.eval.simulate import traffic_weighted  # noqa: E402
 from training.storage.store import HiddenStateStore  # noqa: E402
 from training.target.toy import train_tokenizer  # noqa: E402
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     results["skipped_drafts"] = skipped
     last_s = [0.0]
 
-    def draft(tag: str, ids: list[str]) -> None:
+    def draft(tag: str, ids: list[str], options: dict[str, bool] | None = None) -> None:
         # a run with a wall-clock limit skips what would not finish, and says so, instead of being killed
         elapsed = time.perf_counter() - t_run
         if args.stop_after_s and elapsed + last_s[0] > args.stop_after_s:
@@ -238,10 +239,13 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
             global_batch_size=args.batch, micro_batch_size=args.batch, max_steps=args.train_steps,
             max_length=args.prefix_tokens + args.cont_tokens + 32, eval_max_samples=None,
             log_every=max(1, args.train_steps // 4), eval_every=0, save_every=0, device=device, seed=0,
+            **(options or {}),  # --variants: EAGLE-3.1's norm options
         )
         with timer(f"train-{tag}"):
             result = train(cfg)
-        export_checkpoint(w / f"run-{tag}", w / f"export-{tag}", fmt="sglang")
+        # SGLang's layout has no norm_before_residual (export refuses it): that variant goes out as speculators'
+        fmt = "speculators" if (options or {}).get("norm_before_residual") else "sglang"
+        export_checkpoint(w / f"run-{tag}", w / f"export-{tag}", fmt=fmt, verifier="reference/target")
         model = load_draft(w / f"export-{tag}", w / "target").to(torch.bfloat16 if device == "cuda" else torch.float32)
         model = model.to(device)
         with timer(f"eval-{tag}"):
@@ -265,6 +269,14 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
         results["stages_s"] = timer.stages
         save(results)
 
+    if args.variants:  # EAGLE-3.1's norms on the matched small mix: same data, steps and settings
+        from bench.eagle31_variants import VARIANTS
+
+        for name in args.variants.split(","):
+            draft(f"matched-{small}+{name}", built[f"matched-{small}"]["ids"], VARIANTS[name])
+        if args.variants_only:
+            results["stages_s"] = timer.stages
+            return results
     order = [f"matched-{small}", f"generic-{small}", f"generic-{large}", f"matched-{large}"]
     for name in order:
         draft(name, built[name]["ids"])
@@ -408,6 +420,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="start no draft that the last one's time says would end past this many seconds")
     p.add_argument("--build-workers", type=int, default=6,
                    help="processes building the mixes while the target trains (0: one after another, first)")
+    p.add_argument("--variants", default="", help="also train the matched small mix's draft once per EAGLE-3.1 "
+                   "norm variant (bench/eagle31_variants.py VARIANTS, comma-separated)")
+    p.add_argument("--variants-only", action="store_true", help="with --variants: train only those drafts")
     args = p.parse_args(argv)
     if args.tiny:
         args.target_seconds, args.domain_bytes, args.vocab, args.hidden, args.layers = 3.0, 150_000, 384, 64, 4

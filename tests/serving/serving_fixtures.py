@@ -97,7 +97,7 @@ def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:  # noqa: F811
     from curator.evaluation.measure import measure
     from curator.mix.prompts import mix_prompts
     from training.eval.decode import load_target
-    from training.export.export import load_draft
+    from training.eagle3.load import load_draft
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")
     target, tokenizer = load_target(demo / "target")

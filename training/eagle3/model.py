@@ -11,6 +11,13 @@ The hidden state returned is the pre-norm one: the next drafting step (or TTT st
 in place of the target's states, and then `fc` is skipped because its width is H, not 3*Ht (as
 SGLang does). Parameter names follow SGLang's `LlamaForCausalLMEagle3`, so export is a rename at most.
 Draft token i stands for target token `i + d2t[i]`; `t2d[j]` says whether target token j has one.
+
+EAGLE-3.1's normalisations (DraftConfig's four flags, named and placed as speculators 0.9.0, vLLM
+0.33 and SGLang 0.5.23 define them; docs/eagle3-variants.md has the table):
+- `norm_before_fc`: one RMSNorm `input_norm` [n_aux*Ht] over the concatenated aux states before fc;
+- `fc_norm`: one RMSNorm per aux state, `fc_norm.{i}` [Ht], before concatenation (exclusive with the above);
+- `norm_before_residual`: the midlayer's residual is the hidden_norm'ed hidden, not the raw one;
+- `norm_output`: the hidden fed back to the next step is the post-`norm` one (logits are unchanged).
 """
 
 from __future__ import annotations
@@ -29,6 +36,16 @@ from training.runtime.profiling import phase
 from training.target.config import text_part
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# EAGLE-3.1's normalisation flags, under the config keys speculators, vLLM and SGLang read
+VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+
+
+# Bounds on what a config file may state (the largest real targets are far inside them): checked
+# before a tensor is allocated from them.
+MAX_DIM = {"hidden_size": 1 << 16, "target_hidden_size": 1 << 16, "num_attention_heads": 1 << 10,
+           "num_key_value_heads": 1 << 10, "head_dim": 1 << 12, "intermediate_size": 1 << 19, "vocab_size": 1 << 23,
+           "draft_vocab_size": 1 << 23, "num_aux_layers": 1 << 6}
+MAX_ELEMENTS = 1 << 34  # 17G weights: 32 GiB in bf16, several times a real draft with its embeddings
 
 
 @dataclass
@@ -47,8 +64,17 @@ class DraftConfig:
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": "linear"|"llama3", "factor": ...}
     max_position_embeddings: int = 8192
     aux_layer_ids: list[int] = field(default_factory=list)  # SGLang convention: inputs of these layers
+    # EAGLE-3.1's normalisations (module docstring); all off: plain EAGLE-3
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
 
     def __post_init__(self) -> None:
+        self._check_sizes()
+        if self.norm_before_fc and self.fc_norm:
+            raise ModelMismatchError("norm_before_fc and fc_norm are exclusive (one norm over the concatenated aux "
+                                     "states, or one per state): set one of them")
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
         if self.head_dim is None:
@@ -68,6 +94,27 @@ class DraftConfig:
                 f"rope type {rope_type!r} is not supported by the draft (use one of {SUPPORTED_ROPE_TYPES})"
             )
 
+    def _check_sizes(self) -> None:
+        """Refuse sizes no draft has, before anything is allocated from them: a config.json is a file
+        (an export's `vocab_size: 2e9` would otherwise make eval try to allocate a terabyte)."""
+        sizes = {"hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
+                 "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                 "head_dim": self.head_dim, "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+                 "draft_vocab_size": self.draft_vocab_size, "num_aux_layers": self.num_aux_layers}
+        for name, value in sizes.items():
+            if value is None and name in ("target_hidden_size", "head_dim"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM[name]:
+                raise ModelMismatchError(f"draft config {name} {value!r} is not a size a draft has "
+                                         f"(1..{MAX_DIM[name]:,}); the config.json is damaged or not a draft's")
+        h, ht = self.hidden_size, self.target_hidden_size or self.hidden_size
+        elements = (self.vocab_size + self.draft_vocab_size + 3 * self.intermediate_size + self.num_aux_layers * ht
+                    + 4 * self.num_attention_heads * (self.head_dim or h // self.num_attention_heads)) * h
+        if elements > MAX_ELEMENTS:
+            raise ModelMismatchError(f"draft config sizes (hidden {h}, vocab {self.vocab_size}, intermediate "
+                                     f"{self.intermediate_size}) make {elements:,} weights, more than any draft "
+                                     f"({MAX_ELEMENTS:,}); the config.json is damaged or not a draft's")
+
     @property
     def fused_width(self) -> int:
         """Return the width of the concatenated aux states, num_aux_layers * Ht."""
@@ -86,6 +133,10 @@ class DraftConfig:
             raise ModelMismatchError(f"unknown draft config keys: {unknown}")
         return cls(**data)
 
+    def variant(self) -> dict[str, bool]:
+        """Return the EAGLE-3.1 normalisation flags (all False: plain EAGLE-3)."""
+        return {name: bool(getattr(self, name)) for name in VARIANT_KEYS}
+
     @classmethod
     def from_target_config(
         cls,
@@ -94,6 +145,7 @@ class DraftConfig:
         draft_vocab_size: int,
         aux_layer_ids: list[int],
         intermediate_size: int | None = None,
+        variant: dict[str, bool] | None = None,
     ) -> DraftConfig:
         """Return the draft config for a target's config.json dict (text_config used when nested).
 
@@ -125,13 +177,14 @@ class DraftConfig:
             max_position_embeddings=int(t.get("max_position_embeddings", 8192)),
             aux_layer_ids=[int(i) for i in aux_layer_ids],
             num_aux_layers=len(aux_layer_ids) or 3,
+            **{k: bool(v) for k, v in (variant or {}).items()},
         )
 
 
 @dataclass
 class DraftOutput:
     logits: torch.Tensor  # [B, T, draft_vocab]
-    hidden: torch.Tensor  # [B, T, H], pre-norm: fed back as the next step's hidden
+    hidden: torch.Tensor  # [B, T, H], fed back as the next step's hidden (pre-norm; post-norm with norm_output)
     cache: Cache | None
 
 
@@ -270,15 +323,10 @@ class Rotary(nn.Module):
         return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Return x (B, n, T, hd) rotated by the (B, T, hd) angles."""
     cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    return kernels.rotary(x, cos, sin)  # x * cos + rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -315,7 +363,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        return self.down_proj(kernels.swiglu(self.gate_proj(x), self.up_proj(x)))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
@@ -323,6 +371,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
@@ -332,8 +381,9 @@ class DecoderLayer(nn.Module):
     def forward(
         self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Cache | None
     ) -> torch.Tensor:
-        residual = hidden  # (B, T, H)
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden  # (B, T, H)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H)
         h = residual + self.self_attn(x, cos, sin, cache)  # (B, T, H)
         return h + self.mlp(self.post_attention_layernorm(h))  # (B, T, H)
 
@@ -346,6 +396,10 @@ class Eagle3Draft(nn.Module):
         # the target's embeddings, loaded by `load_embeddings` and never trained
         self.embed_tokens = nn.Embedding.from_pretrained(torch.zeros(cfg.vocab_size, H), freeze=True)
         self.fc = nn.Linear(cfg.fused_width, H, bias=False)  # [H, 3*Ht]
+        # EAGLE-3.1: one norm over the fused aux states, or one per state (RMSNorm weights start at 1)
+        self.input_norm = RMSNorm(cfg.fused_width, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(RMSNorm(int(cfg.target_hidden_size), cfg.rms_norm_eps)  # type: ignore[arg-type]
+                                      for _ in range(cfg.num_aux_layers)) if cfg.fc_norm else None)
         self.midlayer = DecoderLayer(cfg)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)  # [draft_vocab, H]
@@ -407,7 +461,7 @@ class Eagle3Draft(nn.Module):
         """
         B, T = input_ids.shape
         if hidden.shape[-1] == self.config.fused_width:
-            hidden = self.fc(hidden)  # (B, T, 3*Ht) -> (B, T, H)
+            hidden = self.fc(self.normed_aux(hidden))  # (B, T, 3*Ht) -> (B, T, H)
         elif hidden.shape[-1] != self.config.hidden_size:
             raise ModelMismatchError(
                 f"hidden width {hidden.shape[-1]} is neither the fused aux width {self.config.fused_width} "
@@ -419,8 +473,19 @@ class Eagle3Draft(nn.Module):
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # (B, T, H)
         cos, sin = self.rotary(position_ids)  # (B, T, hd)
         hidden = self.midlayer(embeds, hidden, cos, sin, cache)  # (B, T, H)
-        logits = self.lm_head(self.norm(hidden))  # (B, T, draft_vocab)
-        return DraftOutput(logits=logits, hidden=hidden, cache=cache)
+        normed = self.norm(hidden)
+        logits = self.lm_head(normed)  # (B, T, draft_vocab)
+        return DraftOutput(logits=logits, hidden=normed if self.config.norm_output else hidden, cache=cache)
+
+    def normed_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """Return the concatenated aux states [.., n_aux*Ht] as fc reads them: through `input_norm`
+        (norm_before_fc) or each state through its `fc_norm` (fc_norm), else as they are."""
+        if self.input_norm is not None:
+            return self.input_norm(aux)
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            return torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return aux
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Return the state dict without the frozen target embeddings (what checkpoints store)."""

@@ -46,7 +46,8 @@ def check_servable(weights: dict[str, torch.Tensor], cfg: DraftConfig, where: st
             "run diverged (lower the learning rate, or use an earlier checkpoint); refusing to serve it")
     h, th = cfg.hidden_size, int(cfg.target_hidden_size or cfg.hidden_size)
     expected = {"fc.weight": (h, cfg.num_aux_layers * th), "lm_head.weight": (cfg.draft_vocab_size, h),
-                "norm.weight": (h,), "d2t": (cfg.draft_vocab_size,)}
+                "norm.weight": (h,), "d2t": (cfg.draft_vocab_size,), "input_norm.weight": (cfg.num_aux_layers * th,),
+                **{f"fc_norm.{i}.weight": (th,) for i in range(cfg.num_aux_layers)}}
     wrong = [f"{name} is {list(weights[name].shape)}, expected {list(shape)}"
              for name, shape in expected.items() if name in weights and tuple(weights[name].shape) != shape]
     if wrong:

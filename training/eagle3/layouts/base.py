@@ -26,6 +26,27 @@ DECODER_KEYS = (
     "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
 )
 INTERNAL_PREFIX = "midlayer."
+# EAGLE-3.1's normalisation flags (training/eagle3/model.py VARIANT_KEYS; kept here so that reading a
+# config.json loads no torch)
+VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+PLAIN = dict.fromkeys(VARIANT_KEYS, False)
+
+
+def flag(value: Any) -> bool:
+    """Return a config value as the engines read it: Python truthiness (`bool(x)`, `getattr(config, k)`)."""
+    return bool(value)
+
+
+def variant_weights(variant: dict[str, bool], n_aux: int) -> list[str]:
+    """Return the norm weights a draft of this variant has (same names in every layout and engine)."""
+    names = ["input_norm.weight"] if variant.get("norm_before_fc") else []
+    return names + ([f"fc_norm.{i}.weight" for i in range(n_aux)] if variant.get("fc_norm") else [])
+
+
+def variant_text(variant: dict[str, bool]) -> str:
+    """Return a variant as its set flags ("plain EAGLE-3" when none is)."""
+    on = [k for k in VARIANT_KEYS if variant.get(k)]
+    return ", ".join(on) if on else "plain EAGLE-3"
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,11 @@ class ExportSource:
     provenance: dict[str, Any]  # recorded under "curator" in the config
     verifier: str  # the target's Hub id (or folder) for layouts that name one
     speculative_tokens: int
+
+    @property
+    def variant(self) -> dict[str, bool]:
+        """Return the draft's EAGLE-3.1 normalisation flags."""
+        return {k: bool(getattr(self.draft, k, False)) for k in VARIANT_KEYS}
 
 
 def llama_fields(cfg: DraftConfig) -> dict[str, Any]:
@@ -124,13 +150,39 @@ class Layout(ABC):
 
     def internal_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Return file weights under the toolkit's names."""
-        return {(INTERNAL_PREFIX + k[len(self.decoder_prefix):] if k.startswith(self.decoder_prefix) else k): v
-                for k, v in weights.items()}
+        return {self.internal_name(k): v for k, v in weights.items()}
 
-    def required_weights(self, small_vocab: bool) -> list[str]:
-        """Return the tensor names a reader of this layout needs in the file."""
+    def internal_name(self, name: str) -> str:
+        """Return a file weight's name in the toolkit's names."""
+        return INTERNAL_PREFIX + name[len(self.decoder_prefix):] if name.startswith(self.decoder_prefix) else name
+
+    def required_weights(self, small_vocab: bool, variant: dict[str, bool] | None = None, n_aux: int = 3) -> list[str]:
+        """Return the tensor names a reader of this layout needs in the file (a variant's norms included)."""
         maps = ["d2t", "t2d"] if small_vocab else []
-        return ["fc.weight", "norm.weight", "lm_head.weight", *maps, *(self.decoder_prefix + k for k in DECODER_KEYS)]
+        return ["fc.weight", "norm.weight", "lm_head.weight", *maps, *(self.decoder_prefix + k for k in DECODER_KEYS),
+                *variant_weights(variant or PLAIN, n_aux)]
+
+    # ---------------------------------------------------------------- EAGLE-3.1 normalisations
+
+    def variant_config(self, source: ExportSource) -> dict[str, bool]:
+        """Return the config keys that tell every reader of this layout the draft's norms (written explicitly,
+        false included: vLLM reads a speculators file without `norm_before_residual` as true)."""
+        return dict(source.variant)
+
+    @abstractmethod
+    def served_variants(self, config: dict[str, Any]) -> dict[str, dict[str, bool]]:
+        """Return, per engine (with its version) that serves this layout, the norms it builds from the config."""
+
+    def trained_variant(self, config: dict[str, Any]) -> dict[str, bool]:
+        """Return the norms the draft was trained with: the toolkit's record, else what the layout's owner reads."""
+        recorded = (config.get("curator") or {}).get("variant")
+        if isinstance(recorded, dict):
+            return {k: bool(recorded.get(k)) for k in VARIANT_KEYS}
+        return self.owner_variant(config)
+
+    @abstractmethod
+    def owner_variant(self, config: dict[str, Any]) -> dict[str, bool]:
+        """Return the norms as the layout's own format defines them (SpecForge/SGLang, speculators)."""
 
     def served_layer_inputs(self, config: dict[str, Any], target_config: dict[str, Any] | None) -> list[int]:
         """Return the target layers (as inputs) this layout's main reader feeds the draft.
@@ -166,6 +218,7 @@ class Layout(ABC):
             rope_scaling=layer.get("rope_scaling"),
             max_position_embeddings=int(layer.get("max_position_embeddings", 8192)),
             aux_layer_ids=[int(i) for i in layer_ids],
+            **self.trained_variant(config),
         )
 
 

@@ -7,7 +7,10 @@ transformers_utils/configs/speculators/ turns it into its own Eagle3 config).
 - `transformer_layer_config` becomes vLLM's draft config: `num_aux_hidden_states` goes there, the
   key vLLM's Eagle3 draft reads first for the width of fc (else 3, as vLLM's parser does not copy the
   ids into eagle_config); speculators counts the ids;
-- `speculators_config.verifier.name_or_path` is the target's Hub id, which vLLM resolves.
+- `speculators_config.verifier.name_or_path` is the target's Hub id, which vLLM resolves;
+- EAGLE-3.1's norms as speculators' own config fields (`norm_before_fc`, `fc_norm`, `norm_output`,
+  `norm_before_residual`), each written explicitly: vLLM's speculators parser reads a missing
+  `norm_before_residual` as true where speculators reads it as false.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.target.layers import vllm_captured
-from training.eagle3.layouts.base import ExportSource, Layout, llama_fields
+from training.eagle3.layouts.base import VARIANT_KEYS, ExportSource, Layout, flag, llama_fields
 
 
 class SpeculatorsLayout(Layout):
@@ -33,7 +36,7 @@ class SpeculatorsLayout(Layout):
                                          "num_aux_hidden_states": len(source.layer_inputs)},
             "draft_vocab_size": cfg.draft_vocab_size,
             "target_hidden_size": cfg.target_hidden_size,
-            "norm_before_residual": False,
+            **self.variant_config(source),
             "eagle_aux_hidden_state_layer_ids": list(source.layer_inputs),
             "speculators_config": {
                 "algorithm": "eagle3",
@@ -78,3 +81,15 @@ class SpeculatorsLayout(Layout):
                 not (config.get("curator") or {}).get("aux_layer_inputs"):
             return vllm_captured(ids, max(ids) + 1)  # inputs as written: the target's depth is not needed
         return super().served_layer_inputs(config, target_config)
+
+    # EAGLE-3.1's norms as each reader builds them from this layout's config.json (docs/eagle3-variants.md)
+
+    def owner_variant(self, config: dict[str, Any]) -> dict[str, bool]:
+        # speculators 0.9.0 Eagle3SpeculatorConfig: every flag a top-level field, false when absent
+        return {k: flag(config.get(k, False)) for k in VARIANT_KEYS}
+
+    def served_variants(self, config: dict[str, Any]) -> dict[str, dict[str, bool]]:
+        # vLLM 0.32/0.33 transformers_utils/configs/speculators/algos.py update_eagle3 copies the four keys
+        # into the draft's config, a missing norm_before_residual as True
+        vllm = {k: flag(config.get(k, k == "norm_before_residual")) for k in VARIANT_KEYS}
+        return {"vLLM 0.33": vllm, "speculators 0.9.0": self.owner_variant(config)}
