@@ -30,6 +30,9 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
         checks.append(engine.missing_algorithm(spec, layout.fmt))
     elif algo == "EAGLE3":
         checks.append(Check("algorithm", "ok", spec.algorithm))
+    elif algo == "EAGLE" and (refusal := getattr(engine, "EAGLE_FOR_EAGLE3", None)):
+        # an engine that says what it does with EAGLE on an EAGLE-3 draft (vLLM: refuses to start)
+        checks.append(Check("algorithm", "error", f"{spec.algorithm} instead of eagle3: {refusal}"))
     elif algo == "EAGLE":
         checks.append(Check("algorithm", "error",
                             f"{spec.algorithm} instead of EAGLE3: " + FC_BYPASS.format(algo=spec.algorithm, h=h, n=n_aux, hn=n_aux * h)))

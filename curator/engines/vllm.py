@@ -58,6 +58,11 @@ def recognises(argv: list[str]) -> bool:
 
 # vLLM 0.33 (engine/arg_utils.py): `--speculative-config`/`-sc` takes JSON; `--spec-method`,
 # `--spec-model` and `--spec-tokens` fill its keys and are refused when the JSON sets the same key.
+# What vLLM 0.32.0 (CPU build, tests/serving/test_served_doctor.py) does with "method": "eagle" on an
+# EAGLE-3 export: it refuses at start-up rather than serving it with fc skipped, as SGLang does.
+EAGLE_FOR_EAGLE3 = ("vLLM refuses to start: method eagle loads the draft as EagleLlamaForCausalLMEagle3, "
+                    "an architecture it does not have (\"Model architectures ... are not supported\"); "
+                    "use \"method\": \"eagle3\"")
 SHORT_FLAGS = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
 
 

@@ -406,6 +406,27 @@ def test_a_draft_on_four_layers_with_its_count_written_passes(tmp_path: Path, ta
     assert report.ok, [c for c in report.checks if c.status == "error"]
 
 
+def test_vllm_method_eagle_says_what_vllm_does(tmp_path: Path, target: Path) -> None:
+    """vLLM 0.32 refuses `"method": "eagle"` on an EAGLE-3 export at start-up (tests/serving/
+    test_served_doctor.py starts it): the doctor says so, not SGLang's silent fc bypass."""
+    draft = write_sglang_export(tmp_path / "d")
+    report = diagnose(draft, target, launch=vllm_cmd(target, draft, method="eagle"))
+    algorithm = next(c for c in report.errors if c.name == "algorithm")
+    assert "refuses to start" in algorithm.detail and "fc is silently skipped" not in algorithm.detail
+
+
+def test_a_vllm_launch_makes_vllms_layer_mismatch_an_error(tmp_path: Path, target: Path) -> None:
+    """An SGLang-layout export whose top-level ids (what vLLM reads first) are not the trained layers:
+    vLLM 0.32 serves it silently at a lower acceptance (tests/serving/test_served_doctor.py), so on a
+    vLLM launch the doctor refuses it; SGLang, which reads eagle_config's ids, only gets a warning."""
+    draft = write_sglang_export(tmp_path / "d", config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in LAYER_IDS],
+                                                        "curator": {"aux_layer_inputs": LAYER_IDS}})
+    on_vllm = {c.name: c for c in diagnose(draft, target, launch=vllm_cmd(target, draft)).checks}
+    assert on_vllm["aux layers (vLLM)"].status == "error"
+    on_sglang = {c.name: c for c in diagnose(draft, target, launch=sglang_cmd(target, draft)).checks}
+    assert on_sglang["aux layers (vLLM)"].status == "warn" and on_sglang["aux layers (SGLang)"].status == "ok"
+
+
 @pytest.mark.parametrize("written", ["--api-key {k}", "--api_key={k}", "--hf-token {k}", "--admin-api-key {k}"])
 def test_the_doctor_never_echoes_a_launch_commands_credentials(
     target: Path, good_draft: Path, tmp_path: Path, written: str, capsys: pytest.CaptureFixture[str]

@@ -49,7 +49,7 @@ def outcome(server: VllmServer, prompts: list[tuple[str, list[int]]]) -> dict[st
 
 
 def last_error(log: str) -> str:
-    lines = [ln for ln in log.splitlines() if "Error" in ln or "error" in ln]
+    lines = [ln for ln in log.splitlines() if "Value error" in ln or "Error:" in ln]
     return (lines[-1] if lines else log.splitlines()[-1] if log else "")[-400:]
 
 
@@ -90,5 +90,5 @@ def test_every_mistake_the_doctor_names_is_one_for_the_engine(demo: Path, logs: 
     (logs / "doctor-vs-engine.json").write_text(json.dumps({"correct": correct, "cases": results}, indent=1))
     for name, r in results.items():
         assert r["doctor"], f"{name}: the doctor passed a launch the engine {r['engine']}"
-        if r["engine"] == "serves":  # served, but not as trained: clearly below the correct launch
-            assert r["acceptance_length"] < correct - 0.05, (name, r, correct)
+        if r["engine"] == "serves":  # served, but not as trained: below the correct launch (greedy, so exact)
+            assert r["acceptance_length"] < correct - 0.01, (name, r, correct)

@@ -139,6 +139,8 @@ class VllmServer:
                 break
 
     def __enter__(self) -> VllmServer:
+        if self.proc is not None:  # already started (start_or_fail): one process per server, never two
+            return self
         self.start()
         try:
             self.wait_ready()
