@@ -46,7 +46,7 @@ def demo(vllm_env: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def speculators_export(demo: Path) -> Path:
     """The demo's draft exported again in the speculators layout."""
-    from training.export import export_checkpoint
+    from training.export.export import export_checkpoint
 
     out = demo / "export-speculators"
     if not (out / "config.json").is_file():
@@ -85,7 +85,7 @@ def spec_args(draft: Path, steps: int = STEPS, method: str = "eagle3") -> list[s
 def heldout_prompt_ids(demo: Path) -> list[tuple[str, list[int]]]:  # noqa: F811
     """The held-out traffic prompts `curator eval` decodes in the demo, as the ids it renders."""
     from curator.mix.prompts import mix_prompts
-    from training.evaluate import load_target, render_prompt
+    from training.eval.decode import load_target, render_prompt
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")
     _, tokenizer = load_target(demo / "target")
@@ -96,8 +96,8 @@ def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:  # noqa: F811
     """`curator eval`'s figures for `draft` on the held-out prompts (greedy, STEPS, MAX_NEW_TOKENS)."""
     from curator.commands.evaluate import measure
     from curator.mix.prompts import mix_prompts
-    from training.evaluate import load_target
-    from training.export import load_draft
+    from training.eval.decode import load_target
+    from training.export.export import load_draft
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")
     target, tokenizer = load_target(demo / "target")

@@ -140,7 +140,7 @@ def test_chat_mode_stores_the_engines_answers(target_server: VllmServer, demo: P
     rows built from them start with the prompt ids the engine itself rendered."""
     from transformers import AutoTokenizer
 
-    from training.chat_tokens import tokenize_rows
+    from training.records.chat_tokens import tokenize_rows
 
     out = tmp_path / "gen-chat"
     run_generate("--mix", str(mix), "--out", str(out), "--endpoint", target_server.url, "--model", "target",
