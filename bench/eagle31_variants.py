@@ -46,7 +46,8 @@ def measure_variant(w: Path, name: str, options: dict[str, bool], settings: Any)
     from curator.evaluation.weighting import eval_weights
     from curator.mix.prompts import mix_prompts
     from training.eval.decode import held_out_split, load_target
-    from training.export.export import export_checkpoint, load_draft
+    from training.export.export import export_checkpoint
+    from training.eagle3.load import load_draft
     from training.train.config import TrainConfig
     from training.train.trainer import train
 

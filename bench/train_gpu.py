@@ -4,6 +4,8 @@
     python bench/train_gpu.py --path old           # the padded TTTObjective path as it was (before issue #28)
     python bench/train_gpu.py --all --path all --out-dir DIR  # + compiled path, GPU check, profile, real lengths
     python bench/train_gpu.py --tiny --all         # the same logic at toy sizes on the CPU
+    python bench/train_gpu.py --path compiled,fused --profile   # issue 39's before/after, one run
+    python bench/train_gpu.py --long 16384,32768,65536 --long-recompute off,on,auto  # Kimi-shaped long rows
 
 Runs the trainer's own step (target signals from a random lm_head, the TTT unroll, AdamW, clip)
 on random synthetic hidden states, so no store or target checkpoint is needed. The bf16 peak is
@@ -16,7 +18,15 @@ TTTObjective, foreach AdamW, a loss read back every step); `new` is what trainin
 now (packed rows, PackedTTTObjective, pinned host batch copied on a side stream one step ahead,
 fused AdamW, no host sync in the step); `compiled` is `new` with training.eagle3.kernels enabled
 (torch.compile'd RMSNorm and soft cross-entropy rows), as the trainer runs on CUDA when they
-compile and work there (training.eagle3.kernels.enable_if_working); `new` keeps them off.
+compile and work there (training.eagle3.kernels.enable_if_working); `new` keeps them off; `fused`
+(issue 39) is `compiled` with kernels' fused forms too (the TTT attention's merge, the target's
+signals, SwiGLU, rotary), which is what the trainer now runs; `compiled` stays selectable as the
+step before it.
+
+--long L1,L2,...: one row of L tokens per step at a Kimi-shaped draft (hidden 7168, target vocab
+163,840, draft vocab 32,000, TTT 7; --long-shape bench uses the --hidden etc. given), with each
+--long-recompute mode (PackedTTTObjective's: off, on, auto or a number of steps): peak memory,
+useful tokens/s and the fraction of peak at the causal FLOP count (causal_train_flops_per_token).
 
 --all adds: `check` (on the GPU, old and new path in bf16 against the old path in float32 on
 packed samples of several lengths: loss and gradient errors); `profile` (torch.profiler of one
@@ -57,7 +67,9 @@ from training.runtime.profiling import PREFIX, phase  # noqa: E402
 from training.storage.store import HiddenStateSample  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 
-PATHS = ("old", "new", "compiled")  # compiled: new + training.eagle3.kernels (torch.compile'd RMSNorm and soft CE)
+# compiled: new + training.eagle3.kernels (torch.compile'd RMSNorm and soft CE), the TTT attention's merge eager
+# (the step of issue 28, 58.7% of peak); fused: compiled + the merge compiled too (issue 39), what the trainer runs
+PATHS = ("old", "new", "compiled", "fused")
 
 
 class Shape(NamedTuple):  # not a dataclass: the tests load this file without registering a module
@@ -104,6 +116,19 @@ def train_flops_per_token(cfg: DraftConfig, ttt_steps: int, seq: int) -> float:
     return 3 * draft_fwd + 2 * cfg.hidden_size * cfg.vocab_size  # + the target head's forward (no backward)
 
 
+def causal_train_flops_per_token(cfg: DraftConfig, ttt_steps: int, seq: int) -> float:
+    """Return the matmul FLOPs one token costs when attention is counted as the packed path computes it.
+
+    Every TTT step's block 0 is causal flash attention over the step-0 keys (half the score
+    matrix); the TTT diagonals are k products per query (negligible). Recomputed steps are not
+    counted: this is the useful work. At 2K tokens it is within 2% of train_flops_per_token; at 64K
+    the latter counts twice the attention the packed path does.
+    """
+    layer, fc, attn = layer_flops(cfg)
+    draft_fwd = fc + ttt_steps * layer + ttt_steps * attn * seq / 2
+    return 3 * draft_fwd + 2 * cfg.hidden_size * cfg.vocab_size
+
+
 def _device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -111,7 +136,7 @@ def _device(device: str) -> torch.device:
 
 
 def _build(shape: Shape, dev: torch.device, path: str, max_positions: int = 8192):
-    kernels.enable(path == "compiled")
+    kernels.enable(path in ("compiled", "fused"), fused=path == "fused")
     torch.manual_seed(0)
     cfg = shape.config(max_positions)
     with dev:  # weights drawn where they live: seconds, not tens of seconds, at 8B shapes
@@ -126,15 +151,16 @@ def _build(shape: Shape, dev: torch.device, path: str, max_positions: int = 8192
     return cfg, draft, head, params, opt
 
 
-def _synthetic_batch(shape: Shape) -> Batch:
+def _synthetic_batch(shape: Shape, dtype: torch.dtype = torch.float32) -> Batch:
+    """Return one random batch; `dtype` bf16 halves the host copy of long rows (the store's own dtype)."""
     gen = torch.Generator().manual_seed(0)
     B, T = shape.batch, shape.seq
     return Batch(
         ids=[f"b{i}" for i in range(B)],
         input_ids=torch.randint(0, shape.vocab, (B, T), generator=gen),
         loss_mask=torch.ones(B, T, dtype=torch.bool),
-        aux=torch.randn(B, T, 3 * shape.hidden, generator=gen),
-        final=torch.randn(B, T, shape.hidden, generator=gen),
+        aux=torch.randn(B, T, 3 * shape.hidden, generator=gen).to(dtype),
+        final=torch.randn(B, T, shape.hidden, generator=gen).to(dtype),
     )
 
 
@@ -144,11 +170,17 @@ def _scale(counts: torch.Tensor, ttt: int, dev: torch.device) -> torch.Tensor:
 
 
 def make_step(path: str, shape: Shape, dev: torch.device, draft: Eagle3Draft, head: TargetHead, params: list,
-              opt: torch.optim.Optimizer) -> Callable[[], torch.Tensor | float]:
-    """Return one training step at the benchmark's shape on `path`; it returns the loss."""
+              opt: torch.optim.Optimizer, *, recompute: bool | int | None = False,
+              host_dtype: torch.dtype = torch.float32) -> Callable[[], torch.Tensor | float]:
+    """Return one training step at the benchmark's shape on `path`; it returns the loss.
+
+    recompute: PackedTTTObjective's (False: keep every TTT step's activations, as before; True:
+    recompute all but the last in the backward; an int: that many; None: as many as the row's
+    length and the free memory call for).
+    """
     use_bf16 = dev.type == "cuda"
     dtype = torch.bfloat16 if use_bf16 else torch.float32
-    cpu_batch, ttt = _synthetic_batch(shape), shape.ttt_steps
+    cpu_batch, ttt = _synthetic_batch(shape, host_dtype), shape.ttt_steps
     scale = _scale(step_counts(cpu_batch.loss_mask, ttt), ttt, dev)
 
     def finish(loss: torch.Tensor) -> None:
@@ -175,7 +207,7 @@ def make_step(path: str, shape: Shape, dev: torch.device, draft: Eagle3Draft, he
 
         return old_step
 
-    packed_objective = PackedTTTObjective(draft)
+    packed_objective = PackedTTTObjective(draft, recompute=recompute)
     host = from_padded(cpu_batch).pin_memory()
     copier = DeviceCopier(dev, dtype)
     moving = [copier.start(host)]
@@ -224,6 +256,53 @@ def shape_bench(path: str, shape: Shape, dev: torch.device, steps: int, warmup: 
         "last_loss": float(last), "draft_params": sum(p.numel() for p in params),
     }
     del draft, head, params, opt, step
+    _release(dev)
+    return out
+
+
+# --- long context: one sample of L tokens per step ----------------------------------------------
+
+KIMI = Shape(hidden=7168, heads=56, kv_heads=8, intermediate=18432, vocab=163840, draft_vocab=32000, ttt_steps=7,
+             seq=16384, batch=1)  # head_dim 128; the target's hidden and vocabulary, a Llama draft layer
+
+
+def long_bench(path: str, shape: Shape, dev: torch.device, recompute: bool | int | None, steps: int, warmup: int,
+               peak: float) -> dict[str, Any]:
+    """Return peak memory, tokens/s and fraction of peak for one row of `shape.seq` tokens per step.
+
+    All tokens are useful (one whole sample, no padding); the fraction of peak counts FLOPs as
+    causal_train_flops_per_token does, and the step's own time (recomputation included).
+    """
+    cfg, draft, head, params, opt = _build(shape, dev, path, max_positions=shape.seq)
+    host_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    step = make_step(path, shape, dev, draft, head, params, opt, recompute=recompute, host_dtype=host_dtype)
+    # what recompute=None (the trainer's default) decides for this row, with the weights and batch in place
+    auto = PackedTTTObjective(draft).recomputed_steps(shape.seq, shape.ttt_steps, dev)
+    chosen = PackedTTTObjective(draft, recompute=recompute).recomputed_steps(shape.seq, shape.ttt_steps, dev)
+    try:
+        for _ in range(warmup):
+            step()
+        _sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        t = time.perf_counter()
+        for _ in range(steps):
+            last = step()
+        _sync(dev)
+        elapsed = time.perf_counter() - t
+    finally:
+        del step
+    tokens_per_s = shape.batch * shape.seq * steps / elapsed
+    achieved = tokens_per_s * causal_train_flops_per_token(cfg, shape.ttt_steps, shape.seq) / 1e12
+    out = {
+        "path": path, "seq": shape.seq, "recompute": "auto" if recompute is None else recompute,
+        "recomputed_steps": chosen, "auto_recomputed_steps": auto, "useful_tokens_per_s": tokens_per_s, "step_s": elapsed / steps,
+        "achieved_tflops": achieved, "fraction_of_peak": achieved / peak,
+        "max_memory_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None,
+        "max_reserved_gb": torch.cuda.max_memory_reserved(dev) / 1e9 if dev.type == "cuda" else None,
+        "last_loss": float(last), "draft_params": sum(p.numel() for p in params),
+    }
+    del draft, head, params, opt
     _release(dev)
     return out
 
@@ -383,21 +462,25 @@ def equivalence_check(dev: torch.device) -> dict[str, Any]:
             else:
                 pb = packed.to(dev, dtype)
                 sig = packed_target_signals(pb, head, draft.draft_ids(), draft.t2d)
-                loss, _ = packed_call(PackedTTTObjective(draft), pb, sig, scale, ttt)
+                objective = PackedTTTObjective(draft, recompute=path.endswith("+recompute"))
+                loss, _ = packed_call(objective, pb, sig, scale, ttt)
         loss.backward()
         return loss.detach(), {n: p.grad.detach().clone() for n, p in draft.named_parameters() if p.grad is not None}
 
     runs = {"old_fp32": run("old", False)}
     variants = [("new_fp32", "new", False)]
     if dev.type == "cuda":
-        variants += [("old_bf16", "old", True), ("new_bf16", "new", True), ("compiled_bf16", "compiled", True)]
+        variants += [("old_bf16", "old", True), ("new_bf16", "new", True), ("compiled_bf16", "compiled", True),
+                     ("fused_bf16", "fused", True), ("fused_recompute_bf16", "fused+recompute", True)]
     for name, path, bf16 in variants:
-        kernels.enable(path == "compiled")
+        kernels.enable(path.startswith(("compiled", "fused")), fused=path.startswith("fused"))
         runs[name] = run(path, bf16)
         kernels.enable(False)
     out: dict[str, Any] = {"lengths": lengths, "ttt_steps": ttt}
     pairs = [("new_fp32", "old_fp32"), ("old_bf16", "old_fp32"), ("new_bf16", "old_fp32"),
-             ("compiled_bf16", "old_fp32"), ("new_bf16", "old_bf16"), ("compiled_bf16", "new_bf16")]
+             ("compiled_bf16", "old_fp32"), ("fused_bf16", "old_fp32"), ("fused_recompute_bf16", "old_fp32"),
+             ("new_bf16", "old_bf16"), ("compiled_bf16", "new_bf16"), ("fused_bf16", "compiled_bf16"),
+             ("fused_recompute_bf16", "fused_bf16")]
     for a, b in pairs:
         if a in runs and b in runs:
             (la, ga), (lb, gb) = runs[a], runs[b]
@@ -548,6 +631,8 @@ def run_bench(*, shape: Shape = Shape(), path: str = "both", steps: int = 10, wa
               device: str = "auto", peak_n: int = 8192, peak_iters: int = 50, check: bool = False,
               profile: bool = False, real: bool = False, real_samples: int = 400, real_steps: int = 10,
               real_mean: int = 2100, real_longest: int = 16640, real_max_length: int = 4096,
+              long_lengths: tuple[int, ...] = (), long_shape: Shape = KIMI, long_path: str = "fused",
+              long_recompute: tuple[bool | int | None, ...] = (False, True), long_steps: int = 3, long_warmup: int = 1,
               out_dir: Path | None = None) -> dict[str, Any]:
     """Return throughput figures of draft training steps on synthetic states (and --all's extras)."""
     dev = _device(device)
@@ -560,7 +645,21 @@ def run_bench(*, shape: Shape = Shape(), path: str = "both", steps: int = 10, wa
     }
     if check:
         result["check"] = _guarded(dev, equivalence_check, dev)
-    paths = PATHS if path == "all" else ("old", "new") if path == "both" else (path,)
+    if long_lengths:  # first: the long rows want the card's memory unfragmented
+        result["long_shape"] = long_shape._asdict()
+        runs = {}
+        for n in long_lengths:
+            for rc in long_recompute:
+                label = "auto" if rc is None else "on" if rc is True else "off" if rc is False else str(rc)
+                name = f"{long_path}@{n}/recompute={label}"
+                runs[name] = _guarded(dev, long_bench, long_path, long_shape._replace(seq=n, batch=1), dev, rc,
+                                      long_steps, long_warmup, peak)
+                print(f"long {name}: {json.dumps(runs[name])}", flush=True)
+        kernels.enable(False)
+        result["long"] = runs
+    paths = PATHS if path == "all" else ("old", "new") if path == "both" else tuple(path.split(","))
+    if set(paths) - set(PATHS):
+        raise ValueError(f"unknown path(s) {sorted(set(paths) - set(PATHS))}: use {PATHS}, both or all")
     result["paths"] = {p: _guarded(dev, shape_bench, p, shape, dev, steps, warmup, peak) for p in paths}
     kernels.enable(False)
     result.update(result["paths"][paths[-1]])  # the newest path's figures at the top level
@@ -625,6 +724,17 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"{name:<15} {r['useful_tokens_per_s']:>12.0f} {r['loss_tokens_per_s']:>11.0f} "
                          f"{r['padding_fraction']:>7.1%} {r['micro_batches_per_step']:>10.1f} "
                          f"{r['fraction_of_peak_at_mean_length']:>7.1%}  {_mem(r)}")
+    if "long" in result:
+        ls = result["long_shape"]
+        lines.append(f"long context: hidden {ls['hidden']}, heads {ls['heads']}/{ls['kv_heads']}, intermediate "
+                     f"{ls['intermediate']}, vocab {ls['vocab']}, draft vocab {ls['draft_vocab']}, TTT {ls['ttt_steps']}")
+        lines.append("run                              useful_tok/s  step_s  TFLOP/s  of_peak  max_mem_GB  reserved_GB")
+        for name, r in result["long"].items():
+            if "error" in r:
+                lines.append(f"{name:<32} error: {r['error'][:160]}")
+                continue
+            lines.append(f"{name:<32} {r['useful_tokens_per_s']:>12.0f} {r['step_s']:>7.2f} {r['achieved_tflops']:>8.1f} "
+                         f"{r['fraction_of_peak']:>7.1%}  {_mem(r):>10}  {r['max_reserved_gb'] or 0:>10.1f}")
     if "check" in result:
         c = result["check"]
         if "error" in c:
@@ -653,8 +763,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--peak-n", type=int, default=8192)
     p.add_argument("--peak-iters", type=int, default=50)
-    p.add_argument("--path", choices=("old", "new", "compiled", "both", "all"), default="both",
-                   help="both: old and new; all: old, new and compiled")
+    p.add_argument("--path", default="both",
+                   help="old, new, compiled, fused, a comma list of them, both (old and new) or all (all four)")
     p.add_argument("--tiny", action="store_true", help="toy sizes on the CPU (tests)")
     p.add_argument("--check", action="store_true", help="old vs new path loss/gradients on the device")
     p.add_argument("--profile", action="store_true", help="torch.profiler of one step per path, by phase")
@@ -664,6 +774,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-steps", type=int, default=10)
     p.add_argument("--real-max-length", type=int, default=4096,
                    help="max_length of the old-vs-new real-length comparison (the old path's attention is T^2)")
+    p.add_argument("--long", default="", help="long-context lengths, e.g. 16384,32768,65536: one row of L per step")
+    p.add_argument("--long-shape", choices=("kimi", "bench"), default="kimi",
+                   help="kimi: hidden 7168, vocab 163840, draft vocab 32000, TTT 7; bench: this run's --hidden etc.")
+    p.add_argument("--long-path", choices=PATHS[1:], default="fused")
+    p.add_argument("--long-recompute", default="off,on",
+                   help="comma list of off, on, auto or a number of steps (PackedTTTObjective's recompute)")
+    p.add_argument("--long-steps", type=int, default=3)
+    p.add_argument("--long-warmup", type=int, default=1)
     p.add_argument("--out-dir", default=None, help="write result.json, table.txt and the profiler tables here")
     a = p.parse_args(argv)
     shape = Shape(a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab, a.draft_vocab, a.ttt_steps, a.seq, a.batch)
@@ -679,6 +797,16 @@ def main(argv: list[str] | None = None) -> int:
                               peak_n=a.peak_n, peak_iters=a.peak_iters, check=a.check or a.all,
                               profile=a.profile or a.all, real=a.real or a.all, real_samples=a.real_samples,
                               real_steps=a.real_steps, real_max_length=a.real_max_length, out_dir=out_dir)
+    modes = {"off": False, "on": True, "auto": None}
+    if a.long:
+        long_shape = KIMI if a.long_shape == "kimi" else shape
+        lengths = tuple(int(x) for x in a.long.split(","))
+        if a.tiny:
+            long_shape, lengths = TINY, tuple(min(n, 256) for n in lengths)
+        kw.update(long_lengths=lengths, long_shape=long_shape, long_path=a.long_path,
+                  long_recompute=tuple(modes[m] if m in modes else int(m) for m in a.long_recompute.split(",")),
+                  long_steps=a.long_steps,
+                  long_warmup=a.long_warmup)
     kw.update(extra)
     result = run_bench(**kw)
     if out_dir is not None:

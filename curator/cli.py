@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
 import traceback
+from typing import Any
 
 import click
 import typer
@@ -57,7 +59,7 @@ COMMAND_HELP = {
     "bench-serve": "Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup.",
     "forecast": "Forecast the samples per category that reach --goal acceptance, with a band and their cost.",
     "profile": "Profile a traffic sample: categories, lengths, turns, tool use, languages, matching features.",
-    "demo": "Run scout -> review -> build-mix -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.",
+    "demo": "Run scout -> review -> profile -> build-mix -> target -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.",
 }
 
 
@@ -72,6 +74,12 @@ def _plain_metavars(command: click.Command) -> None:
             label = param.display_type(ctx).replace(" range", "")
             param.display_type_rich = lambda ctx, label=label: label
             param._get_number_range_help_str = lambda: None
+        if param is not None and param.param_type_name == "argument":
+            # the usage line names an argument as click does (`curator sql STATEMENT`), not typer's `{statement}`
+            name = param.metavar or param.name.upper()
+            param.metavar = name
+            usage = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 and "..." not in name else "")
+            param._usage_display_name = lambda usage=usage: usage
         if param is not None and param.param_type_name == "argument" and param.nargs != 1:
             # typer reads an argument's type label from the parameter itself, not its metavar
             label = param.display_type(ctx).replace("list[", "").replace("]", "") + "..."
@@ -80,8 +88,12 @@ def _plain_metavars(command: click.Command) -> None:
             continue
         if getattr(param, "is_flag", False) or getattr(param, "count", False):
             param.metavar = ""
+        elif param.metavar is None and "|" in (label := str(param.display_type(ctx) or "")) and len(label) > 14:
+            # `<anthropic|openai>` would take its width from every help line: the help names the choices
+            param.metavar = "<choice>"
         elif getattr(param, "multiple", False) and param.metavar is None:
-            param.metavar = param.display_type(ctx).replace("list[", "").replace("]", "") + "..."
+            # `Optional[list[Path]]` reads `<Path>`: every other path option is `<path>`
+            param.metavar = param.display_type(ctx).replace("list[", "").replace("]", "").lower() + "..."
     for sub in getattr(command, "commands", {}).values():
         _plain_metavars(sub)
 
@@ -101,6 +113,15 @@ class LazyCommands(TyperGroup):
                 return TyperCommand(name=cmd_name, help=COMMAND_HELP[cmd_name])
             self.load(COMMANDS[cmd_name])
         return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            known = self.list_commands(ctx)
+            close = difflib.get_close_matches(name.replace("_", "-").lower(), known, n=1, cutoff=0.6)
+            if close:  # click says only "No such command"
+                ctx.fail(f"No such command {name!r}. Did you mean {close[0]!r}?")
+        return super().resolve_command(ctx, args)
 
     def load(self, module: str) -> None:
         """Import `curator.commands.<module>` and add the commands it registers."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 
-from curator.engines import ENGINE_OF_LAYOUT, parse_launch, vllm
+from curator.engines import ENGINE_OF_LAYOUT, ENGINES, parse_launch, vllm
 from curator.engines.launch import Check, LaunchSpec, int_or_none
 from curator.engines.draft import DraftLayout, read_draft, safetensors_files
 from curator.engines.draft_variant import check_variant
@@ -185,6 +185,10 @@ def check_target(layout: DraftLayout, target_config: dict[str, Any]) -> list[Che
     h = layout.hidden_size
     if th is None or tvocab is None or tlayers is None:
         return [Check("target config", "error", "target config.json lacks hidden_size, vocab_size or num_hidden_layers")]
+    bad = [f"{k} {v}" for k, v in (("hidden_size", th), ("vocab_size", tvocab), ("num_hidden_layers", tlayers),
+                                   ("num_attention_heads", theads)) if v is not None and v < 1]
+    if bad:  # a target with -1 layers serves nothing: never "ready to serve"
+        return [Check("target config", "error", f"target config.json states {', '.join(bad)}: not a model's sizes")]
 
     fc = layout.shapes.get("fc.weight")
     if fc is not None and len(fc) == 2:
@@ -237,7 +241,7 @@ def check_served_layers(layout: DraftLayout, target_config: dict[str, Any]) -> l
         return [Check("aux layers served", "error", str(exc))]
     checks: list[Check] = []
     for engine, layers in served.items():
-        short = "SGLang" if engine.startswith("SGLang") else "vLLM"
+        short = next((e.LABEL for e in ENGINES.values() if engine.startswith(e.LABEL)), engine)
         count = len(expected) if expected else len(layout.aux_layer_ids or []) or 3
         if len(layers) != count or any(not 0 <= i <= n for i in layers):
             checks.append(Check(f"aux layers ({short})", "error",

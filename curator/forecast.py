@@ -102,8 +102,9 @@ class Fit:
         a, b = self.draws(seed)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             n = np.where(b > 0, np.exp(np.minimum((y - a) / np.where(b > 0, b, 1.0), 700.0)), np.inf)
-        lo, hi = np.percentile(n, BAND)
-        return float(lo), float(hi)
+            # between two unbounded draws numpy interpolates inf - inf (nan, with a RuntimeWarning): unbounded
+            lo, hi = np.percentile(n, BAND)
+        return (math.inf if math.isnan(lo) else float(lo)), (math.inf if math.isnan(hi) else float(hi))
 
     def predict_draws(self, n: float, seed: int = 0) -> np.ndarray:
         """Return the acceptance at `n` samples under each drawn line."""
@@ -367,6 +368,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     """Write a read-only view of a hidden-state store holding only `ids` (its own meta and index,
     the shards linked, never copied); return its directory. `entries`: the store's index entries
     when the caller already read them."""
+    from training.io.atomic import output_folder
     from training.storage.store import atomic_write_json, read_index
 
     src, out = Path(store_dir).resolve(), Path(out)
@@ -375,7 +377,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     missing = [sid for sid in ids if sid not in entries]
     if missing:
         raise ConfigError(f"{src}: {len(missing)} ids are not in the store (first: {missing[0]})")
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(out.parent, out.name)  # a planted link never sends index.json elsewhere
     atomic_write_json(out / "meta.json", json.loads((src / "meta.json").read_text(encoding="utf-8")))
     atomic_write_json(out / "index.json", {"samples": {sid: entries[sid] for sid in ids}, "skipped": {}})
     link = out / "shards"
@@ -509,11 +511,15 @@ def train_nested(
     eval_store: str | Path | None = None,
     seed: int = 0,
     on_run: Any = None,
+    on_metrics: Any = None,
 ) -> list[NestedRun]:
     """Train one draft per fraction on nested subsets of `store` (same steps, same settings `base`,
     a TrainConfig dict) and return each one's per-category simulated acceptance on the held-out
-    samples: `eval_store`, or a hashed 5% of `store` set apart once for every subset."""
+    samples: `eval_store`, or a hashed 5% of `store` set apart once for every subset.
+
+    `on_metrics(fraction)` returns the trainer's metrics callback for that subset's run (a progress bar)."""
     from training.feed.batches import split_eval
+    from training.io.atomic import output_folder
     from training.storage.store import read_index
     from training.train.config import TrainConfig
     from training.train.trainer import train
@@ -533,8 +539,9 @@ def train_nested(
     for frac, chosen in nested_subsets(by_cat, fractions, seed).items():
         view = subset_store(store, chosen, out / f"subset-{frac:g}", entries)
         cfg = TrainConfig.from_dict({**base, "data": str(view), "eval_data": str(eval_store), "target": str(target),
-                                     "out": str(out / f"run-{frac:g}"), "max_train_samples": None, "seed": seed})
-        result = train(cfg)
+                                     "out": str(output_folder(out, f"run-{frac:g}")), "max_train_samples": None,
+                                     "seed": seed})
+        result = train(cfg, on_metrics=on_metrics(frac) if on_metrics is not None else None)
         ev = result.eval or {}
         acc = dict(ev.get("sim_categories") or {})
         if not acc:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.progress import Progress, TaskID, TextColumn
 
 from curator.loss_report import loss_text
-from curator.ui import progress
+from curator.ui import fit_line, progress
 
 
 def format_acc(values: list[float]) -> str:
@@ -28,22 +28,30 @@ def accept_length_rows(record: dict[str, Any], split: str) -> dict[str, float | 
     return rows
 
 
-def training_progress() -> tuple[Progress, Callable[[dict[str, Any]], None]]:
+def training_progress(description: str = "train") -> tuple[Progress, Callable[[dict[str, Any]], None]]:
     """Return a progress display for a draft's training and the trainer's `on_metrics` callback
     that feeds it (a bar for the train steps, a line per eval)."""
     bar = progress(TextColumn("{task.fields[status]}"))
+    return bar, training_metrics(bar, description)
+
+
+def training_metrics(bar: Progress, description: str) -> Callable[[dict[str, Any]], None]:
+    """Return an `on_metrics` callback that draws one run's training as a task of `bar` named
+    `description` (several runs may share one display: `curator forecast` trains one per subset)."""
     tasks: list[TaskID] = []  # added at the first record: a run refused while it sets up draws no bar
 
     def show(record: dict[str, Any]) -> None:
         if record["split"] == "train":
             if not tasks:
-                tasks.append(bar.add_task("train", total=record["total_steps"], status=""))
+                tasks.append(bar.add_task(description, total=record["total_steps"], status=""))
             bar.update(tasks[0], completed=record["step"], total=record["total_steps"],
                        status=f"{loss_text(record)}  acc {format_acc(record['acc'][:3])}  "
                               f"τ {record['accept_length']:.2f}  {record['tokens_per_s']:,.0f} tok/s")
         else:
-            bar.console.print(f"[bold]eval[/] step {record['step']}: {loss_text(record)}  "
-                              f"acc {format_acc(record['acc'])}  accept length {record['accept_length']:.3f}  "
-                              f"simulated {record.get('sim_accept_length', float('nan')):.3f}")
+            # broken between a label and the next, never inside one: at 80 columns a number stays by its name
+            line = fit_line([f"eval step {record['step']}:", loss_text(record), f"acc {format_acc(record['acc'])}",
+                             f"accept length {record['accept_length']:.3f}",
+                             f"simulated {record.get('sim_accept_length', float('nan')):.3f}"], bar.console.width)
+            bar.console.print(line, highlight=False, markup=False)
 
-    return bar, show
+    return show

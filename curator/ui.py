@@ -14,6 +14,8 @@ from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -40,18 +42,13 @@ class RateColumn(ProgressColumn):
         return Text("-/s" if speed is None else f"{speed:,.1f}/s", style="cyan")
 
 
-# What the columns before the extra ones take on a line: a 12-character description, up to
-# 999,999/999,999 items, ETA and elapsed times, the rate and the bar, with the gaps between them.
-ESSENTIAL_PROGRESS_WIDTH = 58
-
-
 def progress(*extra_columns: ProgressColumn) -> Progress:
-    """Return a progress display: items done/total and ETA first, then rate, elapsed time, a bar
-    and the extra columns, which alone are cut ("…") when the line is wider than the terminal."""
+    """Return a progress display: items done/total and ETA first, then rate, elapsed time, a bar and
+    the extra columns (a run's loss, a server's rate). Nothing is cut: where a line does not fit the
+    terminal (80 columns, say), each task's extra columns go on a line of their own under its bar."""
     fixed = Column(no_wrap=True)
-    room = max(12, console.width - ESSENTIAL_PROGRESS_WIDTH)
     for column in extra_columns:
-        column._table_column = Column(no_wrap=True, overflow="ellipsis", max_width=room)  # its constructor's table_column
+        column._table_column = Column(no_wrap=True)  # its constructor's table_column: whole, never "…"
     return _ShownWithItsFirstTask(
         TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=28)),
         MofNCompleteColumn(table_column=fixed),
@@ -63,12 +60,18 @@ def progress(*extra_columns: ProgressColumn) -> Progress:
         *extra_columns,
         console=console,
         transient=False,
+        extra=len(extra_columns),
     )
 
 
 class _ShownWithItsFirstTask(Progress):
     """A progress display that starts with its first task, so that a command refusing its input
-    before it has work to show draws no empty `0/?` bar and leaves no blank line."""
+    before it has work to show draws no empty `0/?` bar and leaves no blank line; it lays its
+    tasks out for the width it is drawn at (see _Tasks)."""
+
+    def __init__(self, *columns: ProgressColumn, extra: int = 0, **kwargs: Any) -> None:
+        super().__init__(*columns, **kwargs)
+        self.extra = extra
 
     def __enter__(self) -> Progress:
         return self
@@ -81,6 +84,55 @@ class _ShownWithItsFirstTask(Progress):
         if self.live.is_started:  # rich would print a blank line for a display never shown
             super().stop()
 
+    def get_renderables(self) -> Iterable[Any]:
+        yield _Tasks(self)
+
+    def tasks_table(self, columns: Sequence[Any], tasks: Iterable[Task]) -> Table:
+        """Return `tasks` as a table of `columns` (some of this display's own)."""
+        saved = self.columns
+        self.columns = tuple(columns)
+        try:
+            return self.make_tasks_table(tasks)
+        finally:
+            self.columns = saved
+
+
+class _Tasks:
+    """The tasks of a progress display at the width they are drawn at: one line each where the
+    line fits; else each task's bar line, then its extra columns on the next line, indented and
+    folded (a loss, a rate or a kept count is read whole, never "…")."""
+
+    def __init__(self, display: _ShownWithItsFirstTask) -> None:
+        self.display = display
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        display, width = self.display, options.max_width
+        tasks = [t for t in display.tasks if t.visible]
+        table = display.make_tasks_table(tasks)
+        natural = console.measure(table, options=options.update(width=10_000)).maximum  # unclamped by the width
+        if not display.extra or natural <= width:
+            yield table
+            return
+        essential, extra = display.columns[: -display.extra], display.columns[-display.extra:]
+        for task in tasks:
+            yield display.tasks_table(essential, [task])
+            status = Table.grid(*(Column(overflow="fold") for _ in extra), padding=(0, 1))
+            status.add_row(*(column(task) for column in extra))
+            yield Padding(status, (0, 0, 0, 2))
+
+
+def fit_line(pieces: Sequence[str], width: int | None = None, indent: int = 2) -> str:
+    """Return `pieces` joined by two spaces on as few lines as fit `width` (the console's), breaking
+    only between pieces: a label and its number never end up on different lines."""
+    width = width or console.width
+    lines: list[str] = []
+    for piece in pieces:
+        if lines and cell_len(lines[-1]) + 2 + cell_len(piece) <= width:
+            lines[-1] += "  " + piece
+        else:
+            lines.append((" " * indent if lines else "") + piece)
+    return "\n".join(lines)
+
 
 def quiet_library_progress() -> None:
     """Turn off the bars transformers and huggingface_hub draw on their own (loading weights,
@@ -92,13 +144,29 @@ def quiet_library_progress() -> None:
     transformers_logging.disable_progress_bar()
 
 
+class Value:
+    """A table cell right-aligned while it fits on one line, as numbers line up; text that must
+    wrap (a rationale, a long path) reads left-aligned, as prose does."""
+
+    def __init__(self, text: str) -> None:
+        self.text = Text(text)  # values are data (paths, ids, errors), never markup
+
+    def __rich_measure__(self, console: Console, options: Any) -> Measurement:
+        return Measurement.get(console, options, self.text)
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        text = self.text.copy()
+        text.justify = "right" if self.text.cell_len <= options.max_width else "left"
+        yield text
+
+
 def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
     """Return a two-column table (what, value) for the end of a long command."""
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     for key, value in rows:
-        table.add_row(key, Text(format_value(value)))  # values are data (paths, ids, errors), never markup
+        table.add_row(key, Value(format_value(value)))
     return table
 
 

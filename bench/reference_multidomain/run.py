@@ -55,7 +55,8 @@ from curator.traffic.classify import classify  # noqa: E402
 from training.capture import hidden_states  # noqa: E402
 from training.io.atomic import write_text  # noqa: E402
 from training.eval.decode import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
-from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.export.export import export_checkpoint  # noqa: E402
+from training.eagle3.load import load_draft  # noqa: E402
 from training.eval.simulate import traffic_weighted  # noqa: E402
 from training.storage.store import HiddenStateStore  # noqa: E402
 from training.target.toy import train_tokenizer  # noqa: E402

@@ -36,7 +36,7 @@ def bench_serve_command(
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Output tokens per request.")] = 256,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature of every request: 0 is greedy; serve-time temperatures lower acceptance.")] = 0.0,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many prompts, spread over categories.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 600.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds one whole request may take, from sending to the last byte of the answer.")] = 600.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
 ) -> int:
     """Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup."""
@@ -61,7 +61,8 @@ def bench_serve_command(
                              timeout_s=timeout, on_request=lambda _: bar.advance(task), temperature=temperature)
     render_bench(report)
     if json_out is not None:
-        write_json(json_out, {"endpoint": endpoint, "baseline": baseline, "engine": engine, **report.to_json()})
+        write_json(json_out, {"endpoint": draft_ep.url, "baseline": base_ep.url if base_ep else None, "engine": engine,
+                              **report.to_json()})
         console.print(f"report written to {json_out}")
     return 0
 

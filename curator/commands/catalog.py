@@ -32,7 +32,9 @@ class OutputFormat(str, Enum):
 def sql(
     statement: str = typer.Argument(..., help="SQL for review, reads and row changes: SELECT (also over parquet files), "
                                    "UPDATE, INSERT, DELETE; several separated by ';'. Schema changes (DROP, ALTER, "
-                                   "CREATE, ATTACH, COPY, ...) are refused."),
+                                   "CREATE, ATTACH, COPY, ...), also under EXPLAIN, and changes to curator's "
+                                   "schema_version are refused. A SELECT reads any file you can "
+                                   "(read_csv('/etc/passwd')): your own power, never the toolkit's."),
     format: OutputFormat = typer.Option(
         OutputFormat.table, "--format", "-f",
         help="table (for reading: a line per row, or a block per row when too wide; long free text cut), "

@@ -36,11 +36,16 @@ def eval_command(
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Traffic profile (curator profile): adds acceptance per traffic category and weighted by the traffic's shares.")] = None,
 ) -> int:
     """Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled)."""
+    # Cheap inputs first: a path that is not there is named before torch is imported or a weight is read.
+    for flag, path in (("--model", model), ("--draft", draft), ("--prompts", prompts), ("--data", data),
+                       ("--profile", profile)):
+        if path is not None and not path.exists():
+            raise ConfigError(f"{flag} {path}: no such file or folder")
     import torch
 
     from curator.evaluation.weighting import eval_weights
     from training.eval.decode import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
-    from training.export.export import load_draft
+    from training.eagle3.load import load_draft
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -64,8 +69,9 @@ def eval_command(
     chosen = spread_by_category(all_prompts, limit)
     if not chosen:
         raise ConfigError(f"no usable prompts in {prompts} ({malformed} malformed)")
+    drafter = load_draft(draft, model)  # before the target: a broken export is refused in a second, not minutes
     target, tokenizer = load_target(model, device, dtypes[dtype])
-    drafter = load_draft(draft, model).to(device=device, dtype=dtypes[dtype])
+    drafter = drafter.to(device=device, dtype=dtypes[dtype])
 
     start = time.perf_counter()
     report = measure(target, tokenizer, drafter, chosen, steps=steps, max_new_tokens=max_new_tokens,

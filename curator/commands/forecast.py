@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.progress import TextColumn
 
 from curator.errors import ConfigError
 from curator.ui import console, human_bytes, rows_table, stdout
@@ -77,9 +78,17 @@ def forecast_command(
             console.print(f"[yellow]note:[/] every draft trains max_steps={base['max_steps']}: the larger subsets see "
                           "fewer epochs, so the fitted curve is the one at this compute; train the real draft the same "
                           "way or set epochs instead", highlight=False)
-        for r in fc.train_nested(store, target, out, _fractions(fractions), base, eval_store=eval_store, seed=seed,
-                                 on_run=lambda r: console.print(f"fraction {r.fraction:g}: {sum(r.counts.values()):,} samples, "
-                                                                f"acceptance {json.dumps({c: round(v, 3) for c, v in r.acceptance.items()})}")):
+        from curator.train_progress import training_metrics
+        from curator.ui import progress
+
+        bar = progress(TextColumn("{task.fields[status]}"))  # one bar per subset's draft, as `curator train` draws
+        with bar:
+            nested = fc.train_nested(
+                store, target, out, _fractions(fractions), base, eval_store=eval_store, seed=seed,
+                on_metrics=lambda frac: training_metrics(bar, f"fraction {frac:g}"),
+                on_run=lambda r: bar.console.print(f"fraction {r.fraction:g}: {sum(r.counts.values()):,} samples, "
+                                                   f"acceptance {json.dumps({c: round(v, 3) for c, v in r.acceptance.items()})}"))
+        for r in nested:
             pairs.append((r.counts, r.acceptance))
             steps.add(r.steps)
     if len(steps) > 1:
@@ -122,8 +131,8 @@ def render(result) -> None:  # type: ignore[no-untyped-def]
     for c in result.categories:
         stdout.print(f"{c.category}: {c.verdict}" + (f": {c.reason}" if c.reason else ""), highlight=False, markup=False)
     if result.generation is None:
-        stdout.print("cost: give --generation GEN_DIR (and --target for the disk) to price the samples",
-                     highlight=False, markup=False)
+        disk = "" if result.bytes_per_token is not None else " (and --target for the disk)"  # --target already given
+        stdout.print(f"cost: give --generation GEN_DIR{disk} to price the samples", highlight=False, markup=False)
     for b in result.break_even:
         stdout.print(f"break-even acceptance {b.acceptance:.2f} ({b.source}): below it the draft makes serving slower",
                      highlight=False, markup=False)

@@ -77,8 +77,16 @@ def plan(
     aux_layers: int = typer.Option(3, "--aux-layers", help="How many aux layers are stored."),
     no_final: bool = typer.Option(False, "--no-final", help="Plan a store without the final hidden state."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+    epochs: int = typer.Option(1, "--epochs", help="Training epochs: prices a full store against engine-fed training."),
+    cache_budget: Optional[str] = typer.Option(None, "--cache-budget", help="Engine-fed with captured samples kept "
+                                               "up to this much disk (e.g. 500GB), the rest captured again."),
+    capture_rate: Optional[float] = typer.Option(None, "--capture-rate", help="Measured prefill tokens/s of one "
+                                                 "capture server: gives each choice's capture time."),
+    servers: int = typer.Option(1, "--servers", help="Capture servers working at once (with --capture-rate)."),
+    prefetch_samples: int = typer.Option(64, "--prefetch-samples", help="Engine-fed window: samples held ahead."),
 ) -> None:
-    """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk."""
+    """Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk;
+    with --epochs/--cache-budget/--capture-rate, the price of a full store against engine-fed training."""
     from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
     from training.capture.plan import data_lengths, load_shape, make_plan
 
@@ -101,8 +109,17 @@ def plan(
         shape, lengths=lengths, samples=samples, avg_tokens=avg_tokens, max_len=max_len, dtype=dtype,
         n_aux=aux_layers, has_final=not no_final, out_dir=out, lengths_from=how,
     )
+    feeds = None
+    if epochs > 1 or cache_budget or capture_rate:
+        from curator.feed_plan_view import feed_choices
+
+        feeds = feed_choices(result, epochs=epochs, cache_budget=cache_budget, capture_rate=capture_rate,
+                             servers=servers, prefetch_samples=prefetch_samples)
     if as_json:
-        stdout.print_json(json.dumps(plan_json(result)))
+        data = plan_json(result)
+        if feeds is not None:
+            data["feeds"] = [{**c.__dict__, "prefill_total": c.prefill_total} for c in feeds]
+        stdout.print_json(json.dumps(data))
         return
     stdout.print(summary_table("hidden-state disk plan", plan_rows(result)))
     stdout.print(
@@ -114,6 +131,10 @@ def plan(
             ],
         )
     )
+    if feeds is not None:
+        from curator.feed_plan_view import feed_table
+
+        stdout.print(feed_table(feeds, capture_rate, servers))
 
 
 def summary_rows(stats: ExtractStats, out: Path, backend: str, read: GenerationReadStats) -> list[tuple[str, object]]:
@@ -179,7 +200,9 @@ def hidden_states(
     quiet_library_progress()
     if not force:
         console.print("[dim]planning the disk (measuring the samples left to capture)[/]")
-    with progress() as bar:
+    from curator.signals import sigterm_as_ctrl_c
+
+    with sigterm_as_ctrl_c(), progress() as bar:  # SIGTERM keeps the buffered samples, as Ctrl-C does
         # the bar appears once the input is read and the disk planned: a bad input is refused before it
         tasks: list[TaskID] = []
         stats = capture_hidden_states(settings, read=read,

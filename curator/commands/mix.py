@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
-from rich.progress import Progress, TaskID
+from rich.progress import Progress, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -35,7 +35,7 @@ class _RichProgress:
         self.tasks: dict[str, TaskID] = {}
 
     def source_started(self, name: str, quota: int) -> None:
-        self.tasks[name] = self.bar.add_task(f"{escape(name)}: reading", total=None)  # names are data, not markup
+        self.tasks[name] = self.bar.add_task(escape(name), total=None, status="reading")  # names are data, not markup
 
     def rows_read(self, name: str, read: int) -> None:
         self.bar.update(self.tasks[name], completed=read)
@@ -43,7 +43,7 @@ class _RichProgress:
     def source_done(self, report: SourceReport) -> None:
         self.bar.update(
             self.tasks[report.name],
-            description=f"{escape(report.name)}: kept {report.kept:,}/{report.quota:,}",
+            status=f"kept {report.kept:,}/{report.quota:,}",
             total=max(report.read, 1),
             completed=max(report.read, 1),
         )
@@ -66,7 +66,7 @@ def build_mix_command(
         None, "--match", help="Traffic profile (curator profile): category shares and traffic-like rows follow it."
     ),
     allow_outside_paths: bool = typer.Option(
-        False, "--allow-outside-paths", help="Let the recipe's path: sources read outside the recipe's folder."
+        False, "--allow-outside-paths", help="Let the recipe's path: sources, local dataset: builders and data_files read outside the recipe's folder."
     ),
 ) -> None:
     """Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota."""
@@ -88,7 +88,7 @@ def build_mix_command(
         cat = Catalog.open(catalog)
         mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples)
     licenses = licenses_from_catalog(cat, mix_recipe) if mix_recipe.filters.licenses is not None else None
-    with progress() as bar:
+    with progress(TextColumn("{task.fields[status]}")) as bar:
         manifest = build_mix(
             mix_recipe,
             out,

@@ -26,6 +26,7 @@ def profile_command(
     llm_max: int = typer.Option(1000, "--llm-max", min=1, help="With --llm: at most this many unsure rows go to the model (the rest keep the rules' category)."),
     max_attempts: int = typer.Option(8, "--max-attempts", min=1, help="With --llm: tries per model call before the profile fails."),
     seed: int = typer.Option(0, "--seed", help="Seed of the examples' sample."),
+    no_examples: bool = typer.Option(False, "--no-examples", help="Keep no example requests in the profile or on the console (only counts and statistics leave the traffic)."),
 ) -> None:
     """Profile a traffic sample: categories, lengths, turns, tool use, languages, matching features."""
     from curator.llm import DEFAULT_RETRY, make_client
@@ -36,9 +37,17 @@ def profile_command(
         retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
         client = make_client(llm, model, base_url, retry=retry)  # a missing key fails before the traffic is read
     with progress() as bar:
-        task = bar.add_task("profiling", total=None)
+        tasks = []  # added with the first rows read: an input refused before any draws no `0/?` bar
+
+        def advance(n: int) -> None:
+            if not tasks:
+                tasks.append(bar.add_task("profiling", total=None))
+            bar.update(tasks[0], completed=n)
+
         profile = build_profile(traffic, tokenizer=tokenizer, llm=client, llm_max=llm_max, seed=seed,
-                                progress=lambda n: bar.update(task, completed=n))
+                                progress=advance)
+    if no_examples:  # the scrubber cannot find every name mentioned in passing; counts alone can leave
+        profile = profile.model_copy(update={"examples": {cat: [] for cat in profile.examples}})
     write_profile(profile, out)
     render(profile.model_dump(mode="json"), out)
 

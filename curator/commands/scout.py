@@ -43,7 +43,7 @@ hub_app = typer.Typer(help="Hub access without the agents: offline snapshots.", 
 
 
 def scout(
-    agents: Optional[int] = typer.Option(None, "--agents", "-n", help="How many briefs to run, heaviest first (default: all)."),
+    agents: Optional[int] = typer.Option(None, "--agents", "-n", help="How many agents to run, one per research domain's brief (agents/*.md), heaviest first (default: all)."),
     goal: str = typer.Option(DEFAULT_GOAL, "--goal", help="What every agent looks for.",
                              show_default="agentic coding, tool use, chat"),
     planner: Planner = typer.Option(Planner.llm, "--planner", help="llm: model agents; rules: seed queries and a transparent score, no model."),
@@ -56,8 +56,8 @@ def scout(
     target_samples: int = typer.Option(100_000, "--target-samples", min=1, help="Size of the proposed mix."),
     recipe_out: Optional[Path] = typer.Option(None, "--recipe-out", help="Where to write the proposed recipe (default: a file named after the recipe, in recipes/)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
-    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of briefs (default: $CURATOR_AGENTS_DIR or ./agents)."),
-    live: bool = typer.Option(True, "--live/--no-live", help="Show the live table of agents."),
+    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of research briefs, one Markdown file per data domain (default: $CURATOR_AGENTS_DIR or ./agents)."),
+    no_live: bool = typer.Option(False, "--no-live", help="Leave out the live table of agents (for logs)."),
     request_timeout: float = typer.Option(
         DEFAULT_TIMEOUT_S, "--request-timeout", min=0.001,
         help="Seconds one model call may wait for its answer before it counts as a transient failure (retried).",
@@ -74,7 +74,7 @@ def scout(
     all_briefs = load_briefs(agents_dir)
     traffic = TrafficShares.load(profile) if profile is not None else None
     if agents is not None and agents > len(all_briefs):
-        raise ConfigError(f"--agents {agents}: only {len(all_briefs)} briefs in the agents folder; add a brief per extra domain")
+        raise ConfigError(f"--agents {agents}: only {len(all_briefs)} research briefs (one file per data domain) in the agents folder; add a brief per extra domain")
     chosen = take(all_briefs, agents) if traffic is None else _take_for_traffic(all_briefs, agents, traffic)
     # the model client first: a missing key should fail before anything touches the Hub or catalog
     retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
@@ -92,7 +92,7 @@ def scout(
     cat = Catalog.open(catalog)
     config = ScoutConfig(
         goal=goal, planner=planner.value, model=client.model if client else None,
-        budget=AgentBudget(max_turns=max_turns, max_tokens=max_tokens), target_samples=target_samples, live=live,
+        budget=AgentBudget(max_turns=max_turns, max_tokens=max_tokens), target_samples=target_samples, live=not no_live,
     )
     run = ScoutRun(cat, hub_client, chosen, config, client, categories(all_briefs))
     try:
@@ -182,7 +182,7 @@ def snapshot(
     query: Optional[list[str]] = typer.Option(None, "--query", "-q", help="A search to save (repeatable; default: every brief's seed queries)."),
     dataset: Optional[list[str]] = typer.Option(None, "--dataset", help="A dataset id to save even if no search finds it (repeatable)."),
     per_query: int = typer.Option(10, "--per-query", min=1, max=100, help="Hits saved (and inspected) per search."),
-    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of briefs whose seed queries are saved by default."),
+    agents_dir: Optional[Path] = typer.Option(None, "--agents-dir", help="Folder of research briefs (one Markdown file per data domain) whose seed queries are saved by default."),
 ) -> None:
     """Save the Hub metadata the agents' tools need for a set of searches (for `scout --hub FILE`)."""
     queries = list(query or []) or [q for b in load_briefs(agents_dir) for q in b.seed_queries]

@@ -42,7 +42,7 @@ def train(
              "Every option is a field of training.train.config.TrainConfig (see docs/training.md)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or JSON file describing the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in `out` from its latest checkpoint."),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="End this session after N steps (checkpointed)."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop after N optimizer steps of this run, with a checkpoint; continue it later with --resume (for time-limited jobs)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in."),
 ) -> None:
     """Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.
@@ -59,8 +59,14 @@ def train(
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar, show = training_progress()
+    factory = None
+    if cfg.engine:  # engine-fed: the trainer draws states through curator's vLLM client
+        from curator.engine_feed import capture_factory
+
+        factory = capture_factory(cfg)
     with bar if is_main else nullcontext():
-        result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after)
+        result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after,
+                              capture_factory=factory)
     if not is_main:
         return
     final = result.eval or result.train
@@ -69,15 +75,22 @@ def train(
                                    ("draft vocab coverage", f"{100 * result.vocab.get('coverage', 0):.2f}%")]
     if result.train:
         rows += [("train loss", loss_text(result.train)), *accept_length_rows(result.train, "train").items()]
+    feed = result.train.get("feed") if result.train else None
+    if feed:
+        rows += [("engine captures (this session)", f"{feed['captured']:,} samples, {feed['captured_tokens']:,} tokens"),
+                 ("engine cache", f"{feed['cache_hits']:,} reads, {feed['cache_bytes']:,} bytes kept"),
+                 ("waited for the engines", f"{feed['wait_s']:.1f} s")]
     if result.eval:
         rows += [("eval loss", loss_text(result.eval)), *accept_length_rows(result.eval, "eval").items()]
     console.print(summary_table("curator train", rows))
     if not (result.eval or result.train or {}).get("target_entropy"):
         console.print(f"[dim]{LOSS_NOTE}[/]", highlight=False)
     if final:
-        console.print(rows_table(["TTT step", "acc", "cond acc"],
-                                 [(k, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
-                                 title="per-step accuracy (eval)" if result.eval else "per-step accuracy (train)"))
+        # TTT step k drafts the token at position k + 1: named by position, as `curator eval` names them
+        console.print(rows_table(["draft position", "acc", "cond acc"],
+                                 [(k + 1, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
+                                 title=f"accuracy per draft position, K={len(final['acc'])} "
+                                       f"({'eval' if result.eval else 'train'})"))
     _record_run(catalog, result, cfg)
 
 
@@ -91,7 +104,8 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export.export import FORMATS, export_checkpoint, is_hub_id, read_export_config
+    from training.export.export import FORMATS, export_checkpoint, is_hub_id
+    from training.eagle3.load import read_export_config
     from training.eagle3.layouts import layout_named
 
     if format not in FORMATS:

@@ -264,7 +264,8 @@ def demo_texts(seed: int = 0, n: int = 1200) -> list[str]:
     return texts
 
 
-# The demo traffic's known mix: agentic-heavy, as the original case's deployment is.
+# The mix the demo traffic is drawn from: tool-calling, coding and chat requests. The profile's rules
+# count some tool-calling coding requests as code: the demo's profile reads code 52%, agentic 42%.
 TRAFFIC_SHARES = {"agentic": 0.45, "code": 0.35, "chat": 0.20}
 
 

@@ -153,7 +153,7 @@ class Demo:
                        "acceptance_length": r.acceptance_length,
                        "acceptance_length_estimated": r.acceptance_length_estimated,
                        "acceptance_agentic": r.acceptance_agentic, "acceptance_traffic": r.acceptance_traffic,
-                       "traffic_shares": r.traffic_shares},
+                       "traffic_shares": r.traffic_shares, "eval_steps": r.eval_steps},
         }, indent=1, default=str)
 
     def _remove(self, patterns: tuple[str, ...]) -> None:
@@ -271,7 +271,7 @@ class Demo:
         traffic, out = self.w / "traffic.jsonl", self.w / "profile.json"
 
         def fn() -> dict[str, Any]:
-            # The deployment's request log stands in as a file of templates (agentic-heavy, known mix).
+            # The deployment's request log stands in as a file of templates (a known mix of coding and agentic requests).
             write_demo_traffic(traffic, n=self.s.traffic_requests)
             profile = build_profile(traffic)
             write_profile(profile, out)
@@ -477,8 +477,9 @@ class Demo:
             metrics = self.w / "run" / "metrics.jsonl"
             self.report.train_log = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             last = result.eval or {}
-            return {"steps": f"{result.step} of {self.s.train_steps}", "eval acc (step 0)": (last.get("acc") or [None])[0],
-                    **accept_length_rows(last, "eval")}
+            # the final eval's accuracy on the first drafted token (TTT step 0), not a figure of training step 0
+            return {"steps": f"{result.step} of {self.s.train_steps}",
+                    "eval acc, draft position 1": (last.get("acc") or [None])[0], **accept_length_rows(last, "eval")}
 
         self._stage("train", _cmd(["train", "--config", str(config_path), "--catalog", str(self.catalog)]), fn)
 
@@ -533,7 +534,7 @@ class Demo:
             from curator.mix.prompts import mix_prompts
             from curator.evaluation.weighting import eval_weights
             from training.eval.decode import held_out_split, load_target
-            from training.export.export import load_draft
+            from training.eagle3.load import load_draft
 
             chosen, _ = mix_prompts(prompts)
             weights = eval_weights(profile)
@@ -555,9 +556,12 @@ class Demo:
                 self.report.acceptance_length_estimated = float(simulated["acceptance_length"])
             self.report.acceptance_estimated = [float(r["rate"]) for r in simulated["overall"]["per_position"]
                                                 if r["rate"] is not None] if simulated else []
-            return {"prompts": data["prompts_decoded"], "acceptance length": self.report.acceptance_length,
-                    "traffic-weighted": self.report.acceptance_traffic, "agentic": self.report.acceptance_agentic,
-                    "estimated": self.report.acceptance_length_estimated}
+            self.report.eval_steps = self.s.eval_steps
+            k = f"K={self.s.eval_steps}"
+            return {"prompts": data["prompts_decoded"], f"acceptance length, measured ({k})": self.report.acceptance_length,
+                    f"traffic-weighted ({k})": self.report.acceptance_traffic,
+                    f"agentic prompts ({k})": self.report.acceptance_agentic,
+                    f"simulated ({k})": self.report.acceptance_length_estimated}
 
         self._stage("eval", _cmd(argv), fn)
 

@@ -43,6 +43,7 @@ class DemoReport:
     acceptance_length_estimated: float | None = None
     acceptance_agentic: float | None = None  # measured on the held-out tool-calling prompts
     acceptance_traffic: float | None = None  # measured, weighted by the traffic profile's category shares
+    eval_steps: int | None = None  # K of the acceptance figures: drafted tokens per round (at most K + 1)
     traffic_shares: dict[str, float] = field(default_factory=dict)  # the profile's categories
     warnings: list[str] = field(default_factory=list)  # signs that a stage learned nothing
 
@@ -62,21 +63,34 @@ def _png(fig: Any) -> str:
 
 def plots(report: DemoReport) -> dict[str, str]:
     """Return {title: PNG data URI} for the mix, the training curve and acceptance per position."""
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    for title, fig in figures(report).items():
+        out[title] = _png(fig)
+        plt.close(fig)
+    return out
+
+
+def figures(report: DemoReport) -> dict[str, Any]:
+    """Return {title: matplotlib figure} for the mix, the training curve and acceptance per position
+    (the caller closes them)."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out: dict[str, str] = {}
+    out: dict[str, Any] = {}
     if report.mix_counts:
         fig, ax = plt.subplots(figsize=(5, 3))
         cats = sorted(report.mix_counts)
-        ax.bar(cats, [report.mix_counts[c] for c in cats], color="#4c72b0")
+        bars = ax.bar(cats, [report.mix_counts[c] for c in cats], color="#4c72b0")
+        ax.bar_label(bars, padding=2)  # the count on each bar (a category with none reads 0, not a gap)
+        ax.margins(y=0.15)  # room above the tallest bar for its label
         ax.set_ylabel("prompts")
         ax.set_title("Mix composition")
-        out["Mix composition"] = _png(fig)
-        plt.close(fig)
+        out["Mix composition"] = fig
 
     train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
     if train_rows:
@@ -84,22 +98,23 @@ def plots(report: DemoReport) -> dict[str, str]:
         if all(r.get("kl") is not None for r in train_rows):
             ax1.plot([r["step"] for r in train_rows], [r["kl"] for r in train_rows], color="#c44e52")
             ax1.set_ylabel("KL to the target (nats)")
-            ax1.set_title("Training loss: cross-entropy minus the target's entropy")
+            # a title as wide as its axes: what KL means is in the y label and the report's table
+            ax1.set_title("Training loss (KL)")
         else:
             ax1.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], color="#c44e52")
             ax1.set_ylabel("soft cross-entropy (nats)")
-            ax1.set_title("Training loss (includes the target's entropy)")
+            ax1.set_title("Training loss (CE, with the\ntarget's entropy in it)")
         ax1.set_xlabel("step")
         steps = max((len(r.get("acc") or []) for r in train_rows), default=0)
-        for k in range(steps):
-            ax2.plot([r["step"] for r in train_rows], [(r.get("acc") or [None] * steps)[k] for r in train_rows], label=f"TTT step {k}")
+        for k in range(steps):  # TTT step k drafts position k + 1: named as the acceptance plot names them
+            ax2.plot([r["step"] for r in train_rows], [(r.get("acc") or [None] * steps)[k] for r in train_rows],
+                     label=f"draft position {k + 1}")
         ax2.set_xlabel("step")
         ax2.set_ylabel("accuracy (unconditional)")
-        ax2.set_title("Per-position accuracy")
+        ax2.set_title(f"Accuracy per draft position, K={steps}")
         if steps:
             ax2.legend(fontsize=7)
-        out["Training"] = _png(fig)
-        plt.close(fig)
+        out["Training"] = fig
 
     if report.acceptance_measured or report.acceptance_estimated:
         fig, ax = plt.subplots(figsize=(5, 3))
@@ -108,15 +123,15 @@ def plots(report: DemoReport) -> dict[str, str]:
             ax.plot(list(xs), report.acceptance_measured, "o-", label="measured (speculative decoding)")
         if report.acceptance_estimated:
             xs = range(1, len(report.acceptance_estimated) + 1)
-            ax.plot(list(xs), report.acceptance_estimated, "s--", label="simulated (held-out states)")
+            ax.plot(list(xs), report.acceptance_estimated, "s--", label="simulated on held-out states")
         ax.set_xticks(range(1, max(len(report.acceptance_measured), len(report.acceptance_estimated)) + 1))
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted)")
         ax.set_ylim(0, 1)
-        ax.set_title("Acceptance per position")
+        k = max(len(report.acceptance_measured), len(report.acceptance_estimated))
+        ax.set_title(f"Acceptance per draft position, K={k}")
         ax.legend(fontsize=7)
-        out["Acceptance"] = _png(fig)
-        plt.close(fig)
+        out["Acceptance"] = fig
     return out
 
 
@@ -127,16 +142,18 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         "<!doctype html><html><head><meta charset='utf-8'><title>curator demo report</title>",
         "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}"
-        "code{background:#f4f4f4;padding:1px 4px;font-size:90%}img{max-width:100%}</style></head><body>",
+        "code{background:#f4f4f4;padding:1px 4px;font-size:90%}img{max-width:100%}"
+        ".plots{display:flex;flex-wrap:wrap;gap:1em 2em;align-items:flex-start}figure{margin:0}</style></head><body>",
         "<h1>curator demo report</h1>",
         "<p>Every stage ran for real on a tiny target made on the spot (demo data, not a real data set). "
         f"Workdir: <code>{html.escape(str(report.workdir))}</code>.</p>",
     ]
     if report.acceptance_length is not None:
         est = report.acceptance_length_estimated
+        k = f", K={report.eval_steps}, at most {report.eval_steps + 1}" if report.eval_steps else ""
         parts.append(
-            f"<p><b>Acceptance length</b> (tokens per target forward): measured {report.acceptance_length:.2f}"
-            + (f", simulated offline on held-out states {est:.2f}" if est is not None else "")
+            f"<p><b>Acceptance length</b> (tokens per target forward{k}): measured {report.acceptance_length:.2f}"
+            + (f", simulated on held-out states {est:.2f}" if est is not None else "")
             + (f"; on the agentic (tool-calling) prompts {report.acceptance_agentic:.2f}"
                if report.acceptance_agentic is not None else "")
             + "</p>"
@@ -151,8 +168,16 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
             f"<td><code>{html.escape(stage.command)}</code></td></tr>"
         )
     parts.append("</table>")
-    for title, uri in plots(report).items():
-        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>")
+    made = plots(report)
+    # the two narrow plots first, side by side, then the wide training one under them
+    shown = {t: made[t] for t in ("Mix composition", "Acceptance", "Training", *made) if t in made}
+    if shown:
+        # side by side where the page is wide enough: stacked one under the other, the narrow plots left
+        # most of the page empty beside and below them
+        parts.append("<h2>Plots</h2><div class='plots'>")
+        for title, uri in shown.items():
+            parts.append(f"<figure><img alt='{html.escape(title)}' src='{uri}'></figure>")  # each plot has its title
+        parts.append("</div>")
     parts.append("</body></html>")
     return write_text(path, "\n".join(parts))
 
@@ -189,14 +214,16 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
         rows.append(("draft training loss (CE)",
                      f"{train_rows[0]['loss']:.3f} -> {train_rows[-1]['loss']:.3f} over {train_rows[-1]['step']} steps"))
         rows.append(("how to read it", LOSS_NOTE))
+    # every acceptance length names its K (the most it can be is K + 1): eval's chain and training's differ
+    k = f" (K={report.eval_steps})" if report.eval_steps else ""
     if report.acceptance_length is not None:
-        rows.append(("acceptance length, measured", f"{report.acceptance_length:.2f}"))
+        rows.append((f"acceptance length, measured{k}", f"{report.acceptance_length:.2f}"))
     if report.acceptance_traffic is not None:
-        rows.append(("acceptance length, traffic-weighted", f"{report.acceptance_traffic:.2f}"))
+        rows.append((f"acceptance length, traffic-weighted{k}", f"{report.acceptance_traffic:.2f}"))
     if report.acceptance_agentic is not None:
-        rows.append(("acceptance length, agentic prompts", f"{report.acceptance_agentic:.2f}"))
+        rows.append((f"acceptance length, agentic prompts{k}", f"{report.acceptance_agentic:.2f}"))
     if report.acceptance_length_estimated is not None:
-        rows.append(("acceptance length, estimated", f"{report.acceptance_length_estimated:.2f}"))
+        rows.append((f"acceptance length, simulated{k}", f"{report.acceptance_length_estimated:.2f}"))
     evals = [r for r in report.train_log if r.get("split") == "eval" and r.get("sim_accept_length") is not None]
     if evals:
         # a chain of the trainer's TTT steps, which may be longer than eval's K

@@ -6,14 +6,16 @@ from __future__ import annotations
 import shlex
 
 from curator.engines import sglang, vllm
+from curator.engines.base import Engine
 from curator.engines.launch import LaunchSpec
 from curator.errors import ConfigError
 
-ENGINES = {sglang.NAME: sglang, vllm.NAME: vllm}
+# a third engine: its module, and one entry here (docs/adding-a-layout-or-engine.md)
+ENGINES: dict[str, Engine] = {sglang.NAME: sglang, vllm.NAME: vllm}
 # which engine serves an export of each layout when no launch command says otherwise
 ENGINE_OF_LAYOUT = {"sglang": sglang.NAME, "speculators": vllm.NAME}
 
-__all__ = ["ENGINES", "ENGINE_OF_LAYOUT", "LaunchSpec", "parse_launch"]
+__all__ = ["ENGINES", "ENGINE_OF_LAYOUT", "Engine", "LaunchSpec", "parse_launch"]
 
 
 def parse_launch(command: str) -> LaunchSpec:

@@ -8,6 +8,7 @@ the comparison of a path in a command with a folder on disk.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -94,8 +95,19 @@ def int_opt(spec: LaunchSpec, flag: str, value: str | None) -> int | None:
         return None
 
 
+# --api-key, --admin-api-key, --hf-token, --password...: a value the doctor never echoes
+_SECRET_FLAG = re.compile(r"(?:key|token|password|secret)$")
+SECRET_PLACEHOLDER = "[REDACTED]"
+
+
+def is_secret_flag(norm: str) -> bool:
+    """Return whether a normalised option carries a credential (`--api-key`, not `--ssl-keyfile`)."""
+    return norm.startswith("--") and _SECRET_FLAG.search(norm) is not None
+
+
 def kept_args(spec: LaunchSpec, dropped: set[str]) -> list[str]:
-    """Return the user's own options (everything but the ones we rewrite), as written, in order."""
+    """Return the user's own options (everything but the ones we rewrite), as written, in order;
+    a credential's value (`--api-key sk-...`) is replaced by a placeholder for the user to fill in."""
     opts, _ = options(spec.argv)
     kept: list[str] = []
     for written, norm, value in opts:
@@ -103,7 +115,7 @@ def kept_args(spec: LaunchSpec, dropped: set[str]) -> list[str]:
             continue
         kept.append(written)
         if value is not None:
-            kept.append(value)
+            kept.append(SECRET_PLACEHOLDER if is_secret_flag(norm) else value)
     return kept
 
 

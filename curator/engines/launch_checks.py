@@ -4,7 +4,7 @@ the command that would (curator/doctor.py runs them; each engine's own rules are
 from __future__ import annotations
 
 from pathlib import Path
-from curator.engines import ENGINE_OF_LAYOUT, ENGINES, sglang, vllm
+from curator.engines import ENGINE_OF_LAYOUT, ENGINES, sglang
 from curator.engines.draft import DraftLayout
 from curator.engines.launch import Check, LaunchSpec, same_path
 
@@ -24,11 +24,7 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
     n_aux = len(layout.aux_layer_ids or []) or 3
     engine = ENGINES[spec.engine]
     checks.extend(engine.layout_problems(layout.fmt, layout.config))
-    # `vllm serve EXPORT` serves the verifier the export names (transformers_utils/config.py,
-    # maybe_override_with_speculators); with the target given and the draft in the speculative
-    # config, the verifier is not read
-    if engine is vllm and vllm.serves_export_directly(spec, layout.path, layout.fmt):
-        checks.extend(vllm.resolve_served_export(spec, layout.path, layout.config, target))
+    checks.extend(engine.export_checks(spec, layout.path, layout.fmt, layout.config, target))
     algo = (spec.algorithm or "").upper()
     if spec.algorithm is None:
         checks.append(engine.missing_algorithm(spec, layout.fmt))
@@ -64,15 +60,11 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
 
 def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec: LaunchSpec | None = None) -> str:
     """Return a launch command that serves this draft correctly, keeping the user's other flags."""
-    engine = spec.engine if spec else ENGINE_OF_LAYOUT.get(layout.fmt, sglang.NAME)
+    engine = ENGINES[spec.engine if spec else ENGINE_OF_LAYOUT.get(layout.fmt, sglang.NAME)]
     # a `vllm serve EXPORT` that cannot resolve its verifier names the export, not a target
     model = str(target) if target is not None else (spec.target if spec and spec.target and not spec.serves_export else None)
     if model is None:
         verifier = (layout.config.get("speculators_config") or {}).get("verifier") or {}
         model = verifier.get("name_or_path") or "TARGET_MODEL_PATH"
     steps = spec.steps if spec and spec.steps and spec.steps >= 1 else 3
-    if engine == vllm.NAME:
-        return vllm.launch_command(model, str(layout.path), steps, spec)
-    topk = spec.topk if spec and spec.topk and spec.topk >= 1 else 1
-    ndt = sglang.draft_tokens(steps, topk, spec.num_draft_tokens if spec else None)
-    return sglang.launch_command(model, str(layout.path), steps, topk, ndt, spec)
+    return engine.suggested_launch(model, str(layout.path), steps, spec)

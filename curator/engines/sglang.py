@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curator.engines.answer import AnswerError, EngineAnswer, ignored_prompt, int_list, malformed
@@ -26,9 +27,10 @@ if TYPE_CHECKING:
     from curator.engines.sampling import SamplingParams
 
 NAME = "sglang"
+LABEL = "SGLang"
 GENERATE_PATH = "/generate"
 BENCH_TAKES_TOKEN_IDS = True  # bench-serve sends rendered ids to /generate
-ACCEPTANCE_ON_METRICS_PAGE = False  # each answer carries its own verify count
+spec_counters = None  # no acceptance on /metrics: each answer carries its own verify count (bench_counts)
 NEEDS_SERVED_MODEL_NAME = False
 
 FLAGS = {
@@ -116,6 +118,19 @@ def launch_command(model: str, draft: str, steps: int, topk: int, draft_tokens: 
                        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
                        "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
                        "--speculative-num-draft-tokens", str(draft_tokens)])
+
+
+def suggested_launch(model: str, draft: str, steps: int, spec: LaunchSpec | None) -> str:
+    """Return the SGLang command that serves `draft` on `model` at `steps`, keeping the user's topk
+    (else a chain) and a draft-token count SGLang accepts for it."""
+    topk = spec.topk if spec and spec.topk and spec.topk >= 1 else 1
+    return launch_command(model, draft, steps, topk, draft_tokens(steps, topk, spec.num_draft_tokens if spec else None), spec)
+
+
+def export_checks(spec: LaunchSpec, export: Path, layout_name: str, config: dict[str, Any],
+                  target: str | Path | None) -> list[Check]:
+    """Return the checks of how the command reaches the export: SGLang reads the draft path it is given."""
+    return []
 
 
 def layout_problems(layout_name: str, config: dict[str, Any]) -> list[Check]:

@@ -25,16 +25,15 @@
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curator.engines.answer import EngineAnswer, ignored_prompt, int_list, malformed
 from curator.engines.launch import Check, LaunchSpec, int_opt, int_or_none, kept_args, option_map, same_path
 from curator.engines.prometheus import is_counter, parse_prometheus
+from curator.engines.spec_counters import SpecCounters
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
@@ -46,9 +45,9 @@ VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 NAME = "vllm"
+LABEL = "vLLM"
 GENERATE_PATH = "/v1/completions"
 BENCH_TAKES_TOKEN_IDS = False  # bench-serve sends chat messages
-ACCEPTANCE_ON_METRICS_PAGE = True  # server-wide counters on /metrics, read before and after
 NEEDS_SERVED_MODEL_NAME = True  # chat completions name the model
 
 
@@ -192,7 +191,7 @@ def step_checks(spec: LaunchSpec) -> list[Check]:
     return [Check("draft steps", "ok", f"{spec.steps} tokens per step (chain)")]
 
 
-def launch_command(model: str, draft: str, steps: int, spec: LaunchSpec | None) -> str:
+def suggested_launch(model: str, draft: str, steps: int, spec: LaunchSpec | None) -> str:
     """Return the vLLM command that serves `draft` on `model`, keeping the user's other flags and form."""
     if spec is not None and spec.serves_export and spec.target != draft:
         # `vllm serve EXPORT` resolved to a Hub verifier: keep that form, with the user's own options
@@ -231,6 +230,16 @@ def missing_algorithm(spec: LaunchSpec, layout_name: str) -> Check:
 def serves_export_directly(spec: LaunchSpec, export: Path, layout_name: str) -> bool:
     """Return whether the command is `vllm serve EXPORT` on a speculators export (vLLM then serves its verifier)."""
     return layout_name == "speculators" and spec.target is not None and same_path(spec.target, export) == "ok"
+
+
+def export_checks(spec: LaunchSpec, export: Path, layout_name: str, config: dict[str, Any],
+                  target: str | Path | None) -> list[Check]:
+    """Return the checks of how the command reaches the export: `vllm serve EXPORT` serves the verifier
+    the export names (transformers_utils/config.py, maybe_override_with_speculators); with the target
+    given and the draft in the speculative config, the verifier is not read."""
+    if serves_export_directly(spec, export, layout_name):
+        return resolve_served_export(spec, export, config, target)
+    return []
 
 
 # ---------------------------------------------------------------- token-exact generation
@@ -318,49 +327,24 @@ def capture_answer(data: dict[str, Any]) -> tuple[list[int] | None, str | None]:
 # ---------------------------------------------------------------- bench-serve
 
 
-@dataclass
-class VllmSpecCounters:
-    """vLLM's speculative-decoding counters at one moment (summed over engines)."""
-
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    accepted_per_pos: dict[int, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_metrics(cls, text: str) -> VllmSpecCounters:
-        """Return the counters in a `/metrics` page; refused when it has none (no speculation)."""
-        c, found = cls(), False
-        for name, labels, value in parse_prometheus(text):
-            if is_counter(VLLM_ACCEPTED_PER_POS, name):
-                pos = int(labels.get("position", "0"))
-                c.accepted_per_pos[pos] = c.accepted_per_pos.get(pos, 0.0) + value
-            elif is_counter(VLLM_DRAFTS, name):
-                c.drafts += value
-                found = True
-            elif is_counter(VLLM_DRAFT_TOKENS, name):
-                c.draft_tokens += value
-            elif is_counter(VLLM_ACCEPTED, name):
-                c.accepted += value
-        if not found:
-            raise EndpointError(f"the /metrics page has no {VLLM_DRAFTS} counter: the server runs without speculative decoding")
-        return c
-
-    def minus(self, before: VllmSpecCounters) -> VllmSpecCounters:
-        """Return what was counted since `before`."""
-        return VllmSpecCounters(
-            self.drafts - before.drafts, self.draft_tokens - before.draft_tokens, self.accepted - before.accepted,
-            {p: v - before.accepted_per_pos.get(p, 0.0) for p, v in self.accepted_per_pos.items()},
-        )
-
-    @property
-    def acceptance_length(self) -> float:
-        """Return 1 + accepted / drafts (vLLM's mean acceptance length, bonus token included)."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else math.nan
-
-    def position_rates(self) -> list[float]:
-        """Return per draft position the share of drafts whose tokens 1..k were all accepted."""
-        return [self.accepted_per_pos[p] / self.drafts if self.drafts else math.nan for p in sorted(self.accepted_per_pos)]
+def spec_counters(text: str) -> SpecCounters:
+    """Return vLLM's speculative-decoding counters in a `/metrics` page (summed over engines); refused
+    when it has none (the server runs without speculation)."""
+    c, found = SpecCounters(), False
+    for name, labels, value in parse_prometheus(text):
+        if is_counter(VLLM_ACCEPTED_PER_POS, name):
+            pos = int(labels.get("position", "0"))
+            c.accepted_per_pos[pos] = c.accepted_per_pos.get(pos, 0.0) + value
+        elif is_counter(VLLM_DRAFTS, name):
+            c.drafts += value
+            found = True
+        elif is_counter(VLLM_DRAFT_TOKENS, name):
+            c.draft_tokens += value
+        elif is_counter(VLLM_ACCEPTED, name):
+            c.accepted += value
+    if not found:
+        raise EndpointError(f"the /metrics page has no {VLLM_DRAFTS} counter: the server runs without speculative decoding")
+    return c
 
 
 CHAT_PATH = "/v1/chat/completions"

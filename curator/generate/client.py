@@ -116,6 +116,10 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
              "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
             for i, c in enumerate(message.get("tool_calls") or [])
         ]
+        if message.get("content") is None and not calls and not reasoning:
+            # `content: null` with nothing else is no answer: stored, it would be an empty trained turn
+            raise RequestError(f"{endpoint} answered no content (content: null) and no tool calls",
+                               status=200, permanent=True, endpoint=endpoint)
         return Completion(
             content=content,
             reasoning_content=reasoning,

@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from curator.engines import ENGINES
 from curator.engines.answer import AnswerError
@@ -23,7 +23,6 @@ from curator.engines.sampling import SamplingParams
 from curator.generate.client import Completion, RequestError, split_reasoning
 from training.records.chat_tokens import MalformedRecordError, render, template_messages
 
-Engine = Literal["sglang", "vllm"]
 
 
 @dataclass
@@ -89,19 +88,49 @@ def _deepseek(text: str) -> tuple[str, ToolCalls]:
     if begin < 0:
         return text, []
     calls = []
-    for name, args in re.findall(r"<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>)?(.*?)\n```json\n(.*?)\n```"
-                                 r"<｜tool▁call▁end｜>", text[begin:], re.S):
+    for body in re.findall(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁call▁end｜>", text[begin:], re.S):
+        # DeepSeek-V3 writes `function<｜tool▁sep｜>NAME` then the arguments in a ```json block;
+        # DeepSeek-V3.1 writes `NAME<｜tool▁sep｜>ARGUMENTS`.
+        v3 = re.fullmatch(r"(?:function)?<｜tool▁sep｜>(.*?)\n```json\n(.*?)\n```\s*", body, re.S)
+        if v3 is not None:
+            name, args = v3.groups()
+        else:
+            name, sep, args = body.partition("<｜tool▁sep｜>")
+            if not sep:
+                raise ValueError("a DeepSeek call without <｜tool▁sep｜>")
         calls.append(_call(name.strip(), args, len(calls)))
     return text[:begin].strip(), calls
+
+
+def _glm(text: str) -> tuple[str, ToolCalls]:
+    """GLM-4.5's calls: <tool_call>NAME then <arg_key>K</arg_key><arg_value>V</arg_value> pairs."""
+    blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)
+    calls = []
+    for block in blocks:
+        name, _, rest = block.partition("<arg_key>")
+        arguments: dict[str, Any] = {}
+        for key, value in re.findall(r"(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*(?:<arg_key>|$)", rest, re.S):
+            # The template writes a string as it is and any other value as JSON: a value that is not
+            # JSON is a string (and "42" comes back as 42: the format itself cannot tell them apart).
+            try:
+                arguments[key.strip()] = json.loads(value)
+            except ValueError:
+                arguments[key.strip()] = value
+        calls.append(_call(name.strip(), arguments, len(calls)))
+    return re.sub(r"\s*<tool_call>.*?</tool_call>", "", text, flags=re.S).strip(), calls
 
 
 def _harmony(text: str) -> tuple[str, str | None, ToolCalls]:
     reasoning = re.findall(r"<\|channel\|>analysis<\|message\|>(.*?)(?:<\|end\|>|$)", text, re.S)
     final = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", text, re.S)
     calls = []
-    for name, args in re.findall(r"to=functions\.([\w.\-]+)\s*<\|channel\|>commentary[^<]*(?:<\|constrain\|>\w+)?"
-                                 r"<\|message\|>(.*?)(?:<\|call\|>|$)", text, re.S):
-        calls.append(_call(name, args, len(calls)))
+    # The recipient stands before the channel (`to=functions.X<|channel|>commentary`, as the template
+    # renders history) or after it (`<|channel|>commentary to=functions.X`, as gpt-oss often writes).
+    for before, after, args in re.findall(
+            r"(?:to=functions\.([\w.\-]+)\s*)?<\|channel\|>commentary(?:\s*to=functions\.([\w.\-]+))?[^<]*"
+            r"(?:<\|constrain\|>\w+)?<\|message\|>(.*?)(?:<\|call\|>|<\|end\|>|$)", text, re.S):
+        if before or after:
+            calls.append(_call(before or after, args, len(calls)))
     return (final.group(1) if final else ""), ("\n".join(reasoning) or None), calls
 
 
@@ -113,18 +142,50 @@ END_OF_TURN: dict[str, tuple[str, ...]] = {
     "kimi": ("<|im_end|>", "[EOS]"),
     "llama3": ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
     "deepseek": ("<｜end▁of▁sentence｜>",),
+    "glm": ("<|user|>", "<|observation|>", "<|endoftext|>"),  # GLM-4.5 stops on the next turn's marker
     "harmony": ("<|return|>", "<|end|>"),  # <|call|> closes a call: the harmony reader needs it
     "none": (),
 }
 
 
-def answer_format(chat_template: str) -> str:
-    """Return the tool-call format a chat template writes (hermes, kimi, llama3, deepseek, harmony, none)."""
+# Each format's tool-call markers, most specific first: GLM's template also writes <tool_call>, and a
+# Llama-3 template names no call marker at all (a call is a bare JSON object after the header).
+FORMAT_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("kimi", ("<|tool_calls_section_begin|>",)),
+    ("harmony", ("<|channel|>",)),
+    ("deepseek", ("<｜tool▁calls▁begin｜>",)),
+    ("glm", ("<arg_key>",)),
+    ("hermes", ("<tool_call>",)),
+    ("llama3", ("<|python_tag|>", "<|start_header_id|>")),
+)
+
+
+def _token_strings(tokenizer: Any) -> set[str]:
+    """Return the strings of a tokenizer's special and added tokens and of its vocabulary."""
+    if tokenizer is None:
+        return set()
+    tokens = {str(t) for t in getattr(tokenizer, "all_special_tokens", None) or []}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    tokens |= {str(getattr(t, "content", t)) for t in decoder.values()}
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if callable(get_vocab):
+        tokens |= set(get_vocab())
+    return tokens
+
+
+def answer_format(chat_template: str, tokenizer: Any = None) -> str:
+    """Return the tool-call format a target answers in (hermes, kimi, llama3, deepseek, glm, harmony, none).
+
+    The chat template is read first; a template that writes no call markers (Kimi-K2-Instruct's first
+    template renders earlier calls as plain text) still belongs to a tokenizer whose vocabulary holds
+    its format's marker tokens, and the target writes those tokens when it calls a tool."""
     template = chat_template or ""
-    for marker, name in (("<|tool_calls_section_begin|>", "kimi"), ("<|channel|>", "harmony"),
-                         ("<｜tool▁calls▁begin｜>", "deepseek"), ("<tool_call>", "hermes"),
-                         ("<|start_header_id|>", "llama3")):
-        if marker in template:
+    for name, markers in FORMAT_MARKERS:
+        if any(marker in template for marker in markers):
+            return name
+    tokens = _token_strings(tokenizer)
+    for name, markers in FORMAT_MARKERS:
+        if any(marker in tokens for marker in markers):
             return name
     return "none"
 
@@ -138,7 +199,7 @@ def parse_answer(text: str, fmt: str) -> tuple[str, str | None, ToolCalls]:
         except (ValueError, KeyError, TypeError):
             return text, None, []
     content, reasoning = split_reasoning(text, None)
-    parser = {"hermes": _hermes, "kimi": _kimi, "llama3": _llama3, "deepseek": _deepseek}.get(fmt)
+    parser = {"hermes": _hermes, "kimi": _kimi, "llama3": _llama3, "deepseek": _deepseek, "glm": _glm}.get(fmt)
     if parser is None:
         return content, reasoning, []
     try:
@@ -160,7 +221,7 @@ class PromptRenderer:
                                status=None, permanent=True, endpoint="")
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.format = answer_format(tokenizer.chat_template)
+        self.format = answer_format(tokenizer.chat_template, tokenizer)
 
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """Return the ids of `messages` rendered with the target's template and its generation prompt."""
@@ -179,7 +240,7 @@ class PromptRenderer:
 class TokenMode:
     """Builds token-id requests for one engine and turns its answers into Completions with ids."""
 
-    def __init__(self, renderer: PromptRenderer, engine: Engine, model: str, params: SamplingParams) -> None:
+    def __init__(self, renderer: PromptRenderer, engine: str, model: str, params: SamplingParams) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         self.renderer = renderer

@@ -36,7 +36,7 @@ from curator.mix.match import (
     shared_categories,
 )
 from curator.mix.online import require_hub
-from curator.rows.readers import BrokenRow, open_source
+from curator.rows.readers import BrokenRow, is_hub_id, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
@@ -227,6 +227,12 @@ class _SourceRun:
                             self._on_read)
         self._read_counted = True
         self.report.heldout = int(self.found.excluded.sum())
+        if self.spec.is_traffic and self.found.read and not self.found.counts():
+            # not one usable row: the walk never visits them, so they are counted here, with their reasons
+            # (otherwise a source of 60 broken rows reads "60 read, 0 malformed" and nothing says why)
+            reasons = self.found.unusable_reasons
+            for i in range(self.found.read):
+                self.report.malformed_reason(reasons[i] if i < len(reasons) else reasons[-1] if reasons else "malformed")
         if model is not None:
             self.keys = importance_keys(self.found, model, seed, self.name)
 
@@ -374,7 +380,7 @@ def build_mix(
     everything = [*recipe.sources, *recipe.decontaminate]
     for spec in everything:  # inputs first: a missing file or an unreachable Hub leaves nothing behind
         open_source(spec, recipe.base_dir, recipe.seed, root)
-    require_hub([spec.dataset for spec in everything if spec.dataset])
+    require_hub([spec.dataset for spec in everything if spec.dataset and is_hub_id(spec.dataset)])
     counter = filters.TokenCounter(tokenizer) if tokenizer is not None else None
     model = TrafficModel(profile) if profile is not None and profile.features is not None else None
     ctx = _Context(recipe, Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near), Decontaminator(recipe.dedup.near),

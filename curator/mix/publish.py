@@ -20,7 +20,6 @@ import ctypes
 import errno
 import glob
 import os
-import re
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,15 +29,21 @@ from typing import Any
 import pyarrow as pa
 
 from curator.errors import ConfigError
-from curator.rows.schema import COLUMNS, LEGACY_MANIFEST, MANIFEST_DIR, MANIFEST_VERSION, MixWriter, conform, is_mix
+from curator.rows.schema import (  # noqa: F401 - HELDOUT_DIR and OLD_LOCK_FILE: the mix's names, read here
+    COLUMNS,
+    HELDOUT_DIR,
+    LEGACY_MANIFEST,
+    MANIFEST_DIR,
+    MANIFEST_VERSION,
+    OLD_LOCK_FILE,
+    MixWriter,
+    conform,
+    foreign_entries,
+    is_mix,
+)
 from training.io.atomic import TMP_MARK, fsync_path
 from training.io.outlock import OutputBusyError, OutputLock
 
-HELDOUT_DIR = ".heldout"
-OLD_LOCK_FILE = ".build-mix.lock"  # the lock's place inside the folder before builds swapped folders
-# What a build writes into a mix folder, and what earlier builds left there (temporaries, parts).
-_OURS = re.compile(r"part-\d{5}-[0-9a-f]{12}\.parquet|\.part-\d{5}\.parquet\.tmp-\d+")
-_OUR_NAMES = frozenset({MANIFEST_DIR, LEGACY_MANIFEST, HELDOUT_DIR, OLD_LOCK_FILE})
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -94,14 +99,6 @@ def staging_dir(out_dir: str | Path) -> Path:
 
 def _aside_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.old{TMP_MARK}{os.getpid()}"
-
-
-def foreign_entries(out_dir: str | Path) -> list[str]:
-    """Return the names in a mix folder that no build wrote (sorted); [] for a missing folder."""
-    out = Path(out_dir)
-    if not out.is_dir():
-        return []
-    return sorted(p.name for p in out.iterdir() if p.name not in _OUR_NAMES and not _OURS.fullmatch(p.name))
 
 
 def check_out(out_dir: str | Path, is_mix: bool) -> None:

@@ -228,6 +228,8 @@ def load_recipe(path: str | Path) -> Recipe:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not text (not UTF-8): a recipe is a YAML file") from None
     try:
         data = safe_load(text)
     except yaml.YAMLError as exc:

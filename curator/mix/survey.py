@@ -63,6 +63,7 @@ class Survey:
     excluded: np.ndarray  # bool per row: held out for evaluation, never in the mix
     heldout_conversations: int = 0
     features: FeatureStore | None = field(default=None, repr=False)
+    unusable_reasons: list[str] = field(default_factory=list, repr=False)  # why each UNUSABLE row was (first 1,000)
 
     @property
     def read(self) -> int:
@@ -91,6 +92,7 @@ def survey(
     codes: list[int] = []
     convs: list[int] = []
     store = FeatureStore(buckets) if buckets is not None else None
+    reasons: list[str] = []
     pending: tuple[list[int], list[str]] = ([], [])  # rows waiting for the feature store, and their user texts
     for index, row in enumerate(rows):
         if on_read is not None and index % 1000 == 999:
@@ -99,6 +101,8 @@ def survey(
         if ex.prompt is None:
             codes.append(UNUSABLE)
             convs.append(0)
+            if len(reasons) < 1000:
+                reasons.append(ex.reason or "malformed")
             continue
         # A traffic row is converted, and its user text taken, once for the classifier and the features.
         messages = as_messages(ex.prompt) if spec.is_traffic or store is not None else None
@@ -118,7 +122,7 @@ def survey(
         on_read(len(codes))
     code_array = np.asarray(codes, dtype=np.int16)
     excluded, n_conv = _heldout(code_array, np.asarray(convs, dtype=np.uint64), spec.heldout)
-    return Survey(list(names), code_array, excluded, n_conv, features=store)
+    return Survey(list(names), code_array, excluded, n_conv, features=store, unusable_reasons=reasons)
 
 
 def _heldout(codes: np.ndarray, convs: np.ndarray, heldout: int | float | None) -> tuple[np.ndarray, int]:

@@ -138,7 +138,7 @@ def _json_field(row: Mapping[str, Any], key: str) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, or past json's limits (4,300-digit integers)
             raise MalformedRow(f"field '{key}' is not valid JSON") from None
     return value
 
@@ -163,7 +163,7 @@ def tool_call(name: Any, arguments: Any, call_id: Any) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, or past json's limits (4,300-digit integers)
             raise MalformedRow("tool call arguments are not JSON") from None
     if arguments is None:
         arguments = {}
@@ -215,7 +215,7 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else None
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, or past json's limits (4,300-digit integers)
             raise MalformedRow("field 'tools' is not valid JSON") from None
     if raw is None:
         return None
@@ -319,7 +319,7 @@ def _json_values(text: str) -> list[Any]:
             return values[0] if len(values) == 1 and isinstance(values[0], list) else values
         try:
             value, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, or past json's limits (4,300-digit integers)
             raise MalformedRow("a tool definition is not valid JSON") from None
         values.append(value)
 
@@ -340,7 +340,7 @@ def _hermes(conv: Conversation) -> Conversation:
             blocks = _TOOL_CALL_BLOCK.findall(content)
             try:
                 parsed = [json.loads(b) for b in blocks]
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # bad JSON, or past json's limits (4,300-digit integers)
                 raise MalformedRow("a <tool_call> block is not valid JSON") from None
             calls = _calls(parsed, n_calls)
             n_calls += len(calls)
@@ -463,7 +463,7 @@ def _glaive_call(text: str, index: int) -> dict[str, Any] | None:
     body = _GLAIVE_QUOTED_ARGS.sub(lambda m: m.group(1) + json.dumps(m.group(2)) + m.group(3), found.group(1))
     try:
         call = json.loads(body)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # bad JSON, or past json's limits (4,300-digit integers)
         raise MalformedRow("a <functioncall> is not valid JSON") from None
     if not isinstance(call, Mapping):
         raise MalformedRow("a <functioncall> is not an object")
@@ -633,7 +633,7 @@ def unwrap_request(record: dict) -> dict:
     if isinstance(body, str):
         try:
             body = json.loads(body)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             return record
     if isinstance(body, dict) and "messages" in body and "messages" not in record:
         return body

@@ -7,7 +7,9 @@ more than once (sampling may need a second pass), so readers are re-openable cal
 
 from __future__ import annotations
 
+import glob
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,16 @@ class Location(Protocol):
     streaming: bool
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+# The `datasets` library's packaged builders (datasets.packaged_modules, 5.x): `dataset: json` with
+# `data_files:` reads local files, not the Hub. Listed here so that the check holds without the heavy
+# import; the library's own list is added when it imports.
+PACKAGED_BUILDERS = frozenset({
+    "arrow", "audiofolder", "cache", "conll", "csv", "eval", "fasta", "fastq", "genbank", "generator", "harbor",
+    "hdf5", "iceberg", "imagefolder", "json", "lance", "meshfolder", "mmcif", "niftifolder", "pandas", "parquet",
+    "pdb", "pdffolder", "spark", "sql", "text", "tsfile", "videofolder", "vortex", "webdataset", "xml",
+})
+# `name` or `owner/name` (the Hub's repo id shape), optionally with the hf://datasets/ prefix.
+_HUB_ID = re.compile(r"(?:hf://datasets/)?[A-Za-z0-9][A-Za-z0-9_.-]*(?:/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 _CHUNK = 1 << 20
 _SHUFFLE_BUFFER = 10_000
 
@@ -76,7 +88,7 @@ def read_jsonl(path: Path) -> Iterator[Row]:
                 continue
             try:
                 value = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
                 yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
                 continue
             except RecursionError:
@@ -118,19 +130,6 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
             return
         try:
             value, end = decoder.raw_decode(buf, pos)
-        except RecursionError:
-            end = _value_end(buf, pos)
-            if end < 0 and not eof:  # the element goes on past the buffer: read more and look again
-                more = fh.read(_CHUNK)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            count += 1
-            yield BrokenRow(f"JSON nested too deep ({path.name}[{count - 1}])")
-            if end < 0:
-                return
-            pos = end
-            continue
         except json.JSONDecodeError:
             if eof:
                 yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
@@ -138,6 +137,20 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
             more = fh.read(_CHUNK)
             eof = not more
             buf, pos = buf[pos:] + more, 0
+            continue
+        except (RecursionError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
+            end = _value_end(buf, pos)
+            if end < 0 and not eof:  # the element goes on past the buffer: read more and look again
+                more = fh.read(_CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            count += 1
+            why = "JSON nested too deep" if isinstance(exc, RecursionError) else "a JSON number too long to read"
+            yield BrokenRow(f"{why} ({path.name}[{count - 1}])")
+            if end < 0:
+                return
+            pos = end
             continue
         count += 1
         yield _as_row(value, f"{path.name}[{count - 1}]")
@@ -195,7 +208,78 @@ def _local_rows(files: list[Path]) -> Iterator[Row]:
         yield from reader_for(f)(f)
 
 
-def _hub_rows(spec: Location, seed: int) -> Iterator[Row]:
+def _packaged_builders() -> frozenset[str]:
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:  # pragma: no cover - datasets is a dependency; its private name may move
+        return PACKAGED_BUILDERS
+    return PACKAGED_BUILDERS | frozenset(_PACKAGED_DATASETS_MODULES)
+
+
+def is_hub_id(dataset: str) -> bool:
+    """Return whether `dataset:` names a Hub dataset for the `datasets` library (not a builder or a local path)."""
+    return (_HUB_ID.fullmatch(dataset) is not None and ".." not in dataset and not dataset.endswith(".py")
+            and dataset not in _packaged_builders() and not Path(dataset).exists())
+
+
+def _data_files(spec: Location) -> list[str]:
+    if spec.data_files is None:
+        return []
+    return [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files)
+
+
+def _in_repo_pattern(pattern: str) -> bool:
+    """Return whether a `data_files` pattern stays inside a Hub dataset's repository (relative, no `..`, no URL)."""
+    return not (pattern.startswith(("/", "~", "\\")) or "://" in pattern or "::" in pattern
+                or ".." in Path(pattern).parts or re.match(r"[A-Za-z]:", pattern) is not None)
+
+
+def _confined_hub_source(spec: Location, base_dir: Path, root: Path) -> str | list[str] | None:
+    """Check a `dataset:` entry of a confined recipe; return the `data_files` to hand to `datasets`.
+
+    A recipe's `dataset:` names a Hub dataset, and its `data_files` are patterns inside that
+    dataset's repository. A packaged builder (`json`, `text`, `csv`, ...) reads local files: allowed
+    when every file its `data_files` match (relative to the recipe's folder, symlinks followed) lies
+    in `root`, and those files, as absolute paths, are what the library is given. Anything else (a
+    local folder, an absolute or `..` pattern, a URL) needs the runner's --allow-outside-paths.
+    """
+    dataset = str(spec.dataset)
+    fix = "name a Hub dataset, or a `path:` in the recipe's folder, or run build-mix with --allow-outside-paths"
+    patterns = _data_files(spec)
+    if dataset in _packaged_builders():
+        if not patterns:
+            raise ConfigError(f"source dataset {dataset!r} is the datasets library's local {dataset} builder "
+                              f"without data_files; {fix}")
+        files: list[Path] = []
+        for pattern in patterns:
+            if "://" in pattern or "::" in pattern:
+                raise ConfigError(f"source dataset {dataset!r} reads data_files {pattern!r}, not a file in the "
+                                  f"recipe's folder {root}; {fix}")
+            where = Path(pattern).expanduser()
+            where = where if where.is_absolute() else base_dir / pattern
+            matched = sorted(Path(f) for f in glob.glob(str(where), recursive=True) if Path(f).is_file())
+            for f in matched:
+                if not f.resolve().is_relative_to(root):
+                    raise ConfigError(f"source dataset {dataset!r} reads {f}, outside the recipe's folder {root}; "
+                                      "move the data under that folder, or run build-mix with --allow-outside-paths")
+            if not matched and not where.resolve().is_relative_to(root):
+                raise ConfigError(f"source dataset {dataset!r} reads {pattern!r}, outside the recipe's folder "
+                                  f"{root}; {fix}")
+            files.extend(matched)
+        if not files:
+            raise ConfigError(f"source dataset {dataset!r}: data_files {patterns} match no file in {base_dir}")
+        return [str(f.resolve()) for f in files]
+    if not is_hub_id(dataset):
+        raise ConfigError(f"source dataset {dataset!r} is not a Hub dataset id (owner/name): a recipe's `dataset:` "
+                          f"reads the Hub only; {fix}")
+    for pattern in patterns:
+        if not _in_repo_pattern(pattern):
+            raise ConfigError(f"source dataset {dataset!r}: data_files {pattern!r} is not a pattern inside the "
+                              f"dataset's Hub repository; {fix}")
+    return spec.data_files
+
+
+def _hub_rows(spec: Location, seed: int, data_files: str | list[str] | None) -> Iterator[Row]:
     import datasets  # heavy import; only Hub sources pay for it
 
     what = f"{spec.dataset} (config {spec.config or 'default'}, split {spec.split})"
@@ -204,7 +288,7 @@ def _hub_rows(spec: Location, seed: int) -> Iterator[Row]:
             spec.dataset,
             name=spec.config,
             split=spec.split,
-            data_files=spec.data_files,
+            data_files=data_files,
             revision=spec.revision,
             streaming=spec.streaming,
         )
@@ -230,7 +314,8 @@ def _hub_rows(spec: Location, seed: int) -> Iterator[Row]:
 def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | None = None) -> RowSource:
     """Return a callable that yields the source's rows from the start each time it is called.
 
-    With `confine_to`, a local source (every file of it, symlinks followed) must lie in that folder.
+    With `confine_to`, a local source (every file of it, symlinks followed) must lie in that folder,
+    and a `dataset:` source must be a Hub dataset (or a packaged builder reading files in that folder).
     """
     if spec.path is not None:
         path = Path(spec.path)
@@ -246,7 +331,8 @@ def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | No
         if spec.scan is not None:
             return lambda: _take(_local_rows(files), spec.scan)
         return lambda: _local_rows(files)
-    return lambda: _hub_rows(spec, seed)
+    data_files = spec.data_files if confine_to is None else _confined_hub_source(spec, base_dir, confine_to.resolve())
+    return lambda: _hub_rows(spec, seed, data_files)
 
 
 def _take(rows: Iterator[Row], n: int) -> Iterator[Row]:

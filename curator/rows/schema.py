@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +137,7 @@ def parse_row(record: dict[str, Any], key: str) -> MixRow | BadRow:
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             return BadRow(row_id, "tools is not valid JSON")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         return BadRow(row_id, "tools is not a list of JSON schemas")
@@ -337,6 +338,21 @@ def conform(table: pa.Table) -> pa.Table:
 # ---- reading ---------------------------------------------------------------------------------
 
 
+HELDOUT_DIR = ".heldout"
+OLD_LOCK_FILE = ".build-mix.lock"  # the lock's place inside the folder before builds swapped folders
+# What a build writes into a mix folder, and what earlier builds left there (temporaries, parts).
+_OURS = re.compile(r"part-\d{5}-[0-9a-f]{12}\.parquet|\.part-\d{5}\.parquet\.tmp-\d+")
+_OUR_NAMES = frozenset({MANIFEST_DIR, LEGACY_MANIFEST, HELDOUT_DIR, OLD_LOCK_FILE})
+
+
+def foreign_entries(out_dir: str | Path) -> list[str]:
+    """Return the names in a mix folder that no build wrote (sorted); [] for a missing folder."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name not in _OUR_NAMES and not _OURS.fullmatch(p.name))
+
+
 def is_mix(path: str | Path) -> bool:
     """Return whether `path` is a mix folder (it has a manifest, or the manifest of mixes built before it moved)."""
     path = Path(path)
@@ -359,6 +375,13 @@ def _load_manifest(root: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        foreign = foreign_entries(root)
+        if foreign:  # not a mix at all (a sources folder, say): build-mix would refuse it as --out
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise ConfigError(
+                f"{root} is not a mix (it holds {shown}, and no {MANIFEST}); build one into a new folder with "
+                "`curator build-mix --recipe RECIPE.yaml --out MIX` and pass --mix MIX"
+            ) from None
         raise ConfigError(
             f"{root} holds no finished mix (no {MANIFEST}: the build was interrupted or never ran); {_rebuild_hint(root)}"
         ) from None

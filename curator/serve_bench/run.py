@@ -22,7 +22,6 @@ from curator.serve_bench.client import (
     timed_request,
 )
 from curator.engines import ENGINES
-from curator.engines.vllm import VllmSpecCounters
 from curator.serve_bench.report import GroupResult, ServeBenchReport, sglang_acceptance
 
 
@@ -47,8 +46,8 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
                  concurrency: int, max_tokens: int, on_request: Callable[[RequestResult], None] | None,
                  temperature: float = 0.0) -> GroupResult:
     """Return one category's prompts run at `concurrency` against one endpoint."""
-    counted_on_page = ENGINES[endpoint.engine].ACCEPTANCE_ON_METRICS_PAGE and label == "draft"
-    before = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)) if counted_on_page else None
+    read_counters = ENGINES[endpoint.engine].spec_counters if label == "draft" else None
+    before = read_counters(await metrics_page(client, endpoint.url, endpoint.auth)) if read_counters is not None else None
     gate = asyncio.Semaphore(concurrency)
 
     async def one(p: BenchPrompt) -> RequestResult:
@@ -63,8 +62,8 @@ async def _group(client: httpx.AsyncClient, endpoint: Endpoint, label: str, prom
     results = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - start
     group = GroupResult(label, concurrency, prompts[0].category or "all", list(results), wall)
-    if before is not None:
-        counted = VllmSpecCounters.from_metrics(await metrics_page(client, endpoint.url)).minus(before)
+    if read_counters is not None and before is not None:
+        counted = read_counters(await metrics_page(client, endpoint.url, endpoint.auth)).minus(before)
         group.acceptance_length = counted.acceptance_length if counted.drafts else None
         group.position_rates = counted.position_rates()
     elif label == "draft":
@@ -99,7 +98,7 @@ async def run_bench(
         resolved = []
         for label, ep in endpoints:
             if ENGINES[ep.engine].NEEDS_SERVED_MODEL_NAME and not ep.model:
-                ep = Endpoint(ep.engine, ep.url, await served_model(client, ep.url))
+                ep = ep.with_model(await served_model(client, ep.url, ep.auth))
             for p in prompts[:warmup]:
                 await timed_request(client, ep, p.category, p.payload(ep.engine), min(max_tokens, 16), temperature)
             resolved.append((label, ep))

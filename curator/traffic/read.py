@@ -22,6 +22,7 @@ from curator.rows.formats import NORMALISERS, MalformedRow, as_messages, detect_
 from curator.rows.readers import BrokenRow, local_files, reader_for
 from curator.rows.schema import MixRow, is_mix, open_mix
 from curator.rows.formats import unwrap_request
+from training.io.text import is_valid_unicode
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ def parse_request(record: Mapping[str, Any], where: str) -> TrafficRow | BrokenR
         return BrokenRow(f"{exc} ({where})")
     if not any(role == "user" for role, _ in conv):
         return BrokenRow(f"no user turn ({where})")
+    if not all(is_valid_unicode(text) for _, text in conv) or not is_valid_unicode(repr(conv.tools)):
+        return BrokenRow(f"text is not valid Unicode (a lone surrogate) ({where})")  # it could be written nowhere
     return TrafficRow(as_messages(conv), conv.tools, where)
 
 

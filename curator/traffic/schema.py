@@ -2,10 +2,13 @@
 and its readers (`scout --profile`, `build-mix --match`, `eval --profile`).
 
 A profile holds statistics only: shares, percentiles, hashed feature counts, and at most a
-few scrubbed examples per category. Nothing in it can name a person or a secret.
+few scrubbed examples per category (none with --no-examples); docs/traffic.md says what
+the scrubber finds and what an example can still copy.
 """
 
 from __future__ import annotations
+
+import math
 
 import json
 from pathlib import Path
@@ -38,12 +41,20 @@ class SparseCounts(_Strict):
     def _same_length(self) -> SparseCounts:
         if len(self.indices) != len(self.counts):
             raise ValueError("indices and counts differ in length")
+        # a NaN or negative count would silently change which rows --match selects
+        if not all(math.isfinite(c) and c >= 0 for c in self.counts):
+            raise ValueError("feature counts must be finite numbers >= 0")
         return self
+
+
+# features.py hashes into 2**14 buckets; a profile naming more than this is not one curator wrote
+# (1e12 buckets would be a terabyte of dense counts)
+MAX_BUCKETS = 1 << 20
 
 
 class Features(_Strict):
     method: str
-    buckets: int = Field(gt=0)
+    buckets: int = Field(gt=0, le=MAX_BUCKETS)
     per_category: dict[str, SparseCounts]
 
 
@@ -80,7 +91,9 @@ def load_profile(path: str | Path) -> Profile:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such profile (make one with `curator profile --traffic FILE --out {path}`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise ConfigError(f"{path}: cannot read the profile: nested too deeply") from None
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, UTF-8, or an integer past 4,300 digits
         raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
     try:
         return Profile.model_validate(data)

@@ -4,6 +4,7 @@ file between processes."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -204,10 +205,56 @@ def test_sql_refuses_schema_changes_before_running_anything(
     assert main(["sql", "UPDATE candidates SET status = 'approved'", "--catalog", str(catalog.path)]) == 0
 
 
+@pytest.mark.parametrize("statement", [
+    "EXPLAIN ANALYZE DROP TABLE candidates",
+    "explain analyse CREATE TABLE junk (x INT)",
+    "EXPLAIN ANALYZE COPY (SELECT 1) TO 'junk.csv'",
+    "/* note */ EXPLAIN /* c */ ANALYZE -- c\n DROP TABLE candidates",
+    "EXPLAIN DROP TABLE candidates",
+    "EXPLAIN (FORMAT json) DROP TABLE candidates",
+    "EXPLAIN ANALYZE ALTER TABLE candidates DROP COLUMN relevance",
+])
+def test_sql_judges_the_statement_inside_explain(
+    catalog: Catalog, statement: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    catalog.add_candidate("r", "a", "org/ds", "chat", 0.9, "why", 100)
+    assert main(["sql", statement, "--catalog", str(catalog.path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "reads and row changes" in err and "unexpected" not in err
+    assert len(Catalog.open(catalog.path).candidates()) == 1 and "junk" not in _tables(catalog.path)
+    assert not (tmp_path / "junk.csv").exists()
+    # what EXPLAIN explains decides: a read or a row change still runs
+    assert main(["sql", "EXPLAIN ANALYZE SELECT count(*) FROM candidates", "--catalog", str(catalog.path)]) == 0
+    assert main(["sql", "EXPLAIN UPDATE candidates SET status = 'approved'", "--catalog", str(catalog.path)]) == 0
+
+
+@pytest.mark.parametrize("statement", [
+    "INSERT INTO schema_version VALUES (999)",
+    'insert into main."Schema_Version" values (999)',
+    "UPDATE schema_version SET version = 999",
+    "DELETE FROM schema_version",
+    "EXPLAIN ANALYZE INSERT INTO schema_version VALUES (999)",
+])
+def test_sql_keeps_curators_bookkeeping_read_only(
+    catalog: Catalog, statement: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = catalog.schema_version()
+    assert main(["sql", statement, "--catalog", str(catalog.path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "schema_version" in err and "bookkeeping" in err and "unexpected" not in err
+    assert catalog.schema_version() == before
+    assert main(["catalog", "list", "--catalog", str(catalog.path)]) == 0  # nobody is locked out
+    assert main(["sql", "SELECT max(version) FROM schema_version", "--catalog", str(catalog.path)]) == 0
+
+
 def test_sql_help_says_review_is_reads_and_row_changes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sql", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "reads and row changes" in out and "refused" in out
+    words = " ".join(re.sub("[\u2500-\u257f]", " ", out).split())  # the help's box drawn around the text
+    assert "also under EXPLAIN" in words and "schema_version are refused" in words
+    assert "A SELECT reads any file you can" in words  # the user's own power, said where they read about it
 
 
 def test_a_catalog_whose_tables_were_dropped_by_hand_is_restored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -404,3 +404,27 @@ def test_a_draft_on_four_layers_with_its_count_written_passes(tmp_path: Path, ta
         "eagle_aux_hidden_state_layer_ids": [2, 3, 4, 5], "curator": {"aux_layer_inputs": [2, 3, 4, 5]}})
     report = diagnose(draft, target, launch=sglang_cmd(target, draft))
     assert report.ok, [c for c in report.checks if c.status == "error"]
+
+
+@pytest.mark.parametrize("written", ["--api-key {k}", "--api_key={k}", "--hf-token {k}", "--admin-api-key {k}"])
+def test_the_doctor_never_echoes_a_launch_commands_credentials(
+    target: Path, good_draft: Path, tmp_path: Path, written: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The doctor once printed `--api-key VALUE` back in the command to copy (issue 38 item 5)."""
+    key = "launch-key-Zq81x"
+    for launch in (sglang_cmd(target, good_draft, algo="EAGLE") + " " + written.format(k=key),
+                   vllm_cmd(target, good_draft) + " " + written.format(k=key),
+                   f"vllm serve {write_speculators_export(tmp_path / 'spec')} " + written.format(k=key)):
+        main(["doctor", "--draft", str(good_draft), "--model", str(target), "--launch", launch])
+        out = capsys.readouterr()
+        assert key not in out.out + out.err, launch
+        assert written.split()[0].split("=")[0] in out.out and "[REDACTED]" in out.out  # the flag kept, to fill in
+
+
+@pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "vocab_size"])
+def test_a_target_with_impossible_sizes_is_never_ready_to_serve(tmp_path: Path, good_draft: Path, field: str) -> None:
+    """`num_hidden_layers: -1` once got "ready to serve" (issue 38 item 10)."""
+    bad = write_target(tmp_path / "bad", **{field: -1})
+    report = diagnose(good_draft, bad)
+    assert not report.ok and any(c.name == "target config" and "-1" in c.detail for c in report.errors)
+    assert main(["doctor", "--draft", str(good_draft), "--model", str(bad)]) == 1

@@ -190,3 +190,17 @@ def test_a_run_is_credited_with_the_ids_the_trainer_took_in_the_store_s_order() 
     train, held = training_ids(store_ids, separate_eval=True, eval_fraction=0.1, eval_max_samples=None,
                                max_train_samples=None)
     assert train == sorted(store_ids) and held == []
+
+
+def test_subset_store_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    """issue 38 item 4: forecast's subset views and runs are folders of their own inside --out."""
+    from training.io.atomic import OutputPathError
+
+    pool = _store(tmp_path / "pool", 10)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "subset-0.125").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(OutputPathError, match="is a link"):
+        fc.subset_store(pool, ["s001"], tmp_path / "runs" / "subset-0.125")
+    assert list(elsewhere.iterdir()) == []

@@ -22,7 +22,7 @@ from sglang_cpu import SGLangDraft, SGLangProposer, captured_by_model_loop, conf
 def main() -> None:
     from curator.mix.prompts import mix_prompts
     from training.eval.decode import DraftProposer, evaluate, load_prompt_file, load_target, spread_by_category
-    from training.export.export import load_draft
+    from training.eagle3.load import load_draft
     from training.target.head import load_embeddings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -21,7 +21,8 @@ import torch  # noqa: E402
 from engine_fixtures import run_dir, sharp_target, store_dir  # noqa: E402,F401  (fixtures)
 from sglang_cpu import SGLangDraft  # noqa: E402
 from tests.training.export.test_export import variant  # noqa: E402
-from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.export.export import export_checkpoint  # noqa: E402
+from training.eagle3.load import load_draft  # noqa: E402
 from training.target.head import load_embeddings  # noqa: E402
 from vllm_cpu import parsed_config, runner_layer_ids  # noqa: E402
 

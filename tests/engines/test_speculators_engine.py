@@ -13,7 +13,8 @@ pytest.importorskip("speculators", reason="speculators is not installed: run .ci
 import torch  # noqa: E402
 
 from engine_fixtures import run_dir, sharp_target, store_dir  # noqa: E402,F401  (fixtures)
-from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.export.export import export_checkpoint  # noqa: E402
+from training.eagle3.load import load_draft  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from engine_fixtures import full_vocab_run, run_dir, sharp_target, store_dir  # noqa: E402,F401  (fixtures)
-from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.export.export import export_checkpoint  # noqa: E402
+from training.eagle3.load import load_draft  # noqa: E402
 from vllm_cpu import DraftSkeleton, parsed_config, runner_layer_ids  # noqa: E402
 
 TARGET_H = 64

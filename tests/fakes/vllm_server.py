@@ -16,7 +16,9 @@ own capture code.
 
 Faults, for the failure tests (`fault=`): "truncate" (half a file), "missing" (no file),
 "wrong_layers" (one layer too few), "wrong_ids" (echoes other prompt ids), "hidden_dir" (reports
-a path under a directory the client cannot see), "flaky" (503 on the first `flaky` requests).
+a path under a directory the client cannot see), "flaky" (`flaky_status`, 503 by default, on the
+first `flaky` requests); `answer_delay_s` makes a slow engine.
+A request with an X-Request-Id header is named as vLLM 0.32 names it: `cmpl-<id>-0-<8 hex>`.
 A hostile engine: `report(path)` returns what the answer names instead of the file it wrote.
 """
 
@@ -50,6 +52,8 @@ class FakeVllmServer:
         served_name: str | None = None,
         fault: str | None = None,
         flaky: int = 0,
+        flaky_status: int = 503,
+        answer_delay_s: float = 0.0,
         write_delay_s: float = 0.05,
         report: Callable[[Path], str] | None = None,
     ) -> None:
@@ -60,6 +64,8 @@ class FakeVllmServer:
         self.served_name = served_name or str(model_dir)
         self.fault = fault
         self.flaky = flaky
+        self.flaky_status = flaky_status
+        self.answer_delay_s = answer_delay_s
         self.write_delay_s = write_delay_s
         self.report = report
         self.writers: list[threading.Thread] = []
@@ -101,7 +107,7 @@ class FakeVllmServer:
                 if self.path != "/v1/completions":
                     self._send(404, {"error": {"message": "not found"}})
                     return
-                status, answer, write = server.complete(body)
+                status, answer, write = server.complete(body, self.headers.get("X-Request-Id"))
                 self._send(status, answer)
                 if write is not None:  # as vLLM: the file is written after the answer has gone
                     server.start_writer(write)
@@ -146,14 +152,17 @@ class FakeVllmServer:
         picked = [last["out"][0] if i == n else out.hidden_states[i][0] for i in self.layer_ids]
         return torch.stack(picked, dim=1).to(torch.bfloat16)
 
-    def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], Callable[[], None] | None]:
+    def complete(self, body: dict[str, Any], request_id: str | None = None
+                 ) -> tuple[int, dict[str, Any], Callable[[], None] | None]:
         """Return (status, answer, the file write to run once the answer is sent)."""
         with self._lock:
             self.requests += 1
             n_req = self.requests
             rid = next(self._ids)
+        if self.answer_delay_s:
+            time.sleep(self.answer_delay_s)
         if n_req <= self.flaky:
-            return 503, {"error": {"message": "engine busy"}}, None
+            return self.flaky_status, {"error": {"message": "engine busy"}}, None
         if body.get("model") != self.served_name:
             return 404, {"error": {"message": f"model {body.get('model')} does not exist"}}, None
         ids = body.get("prompt")
@@ -165,7 +174,8 @@ class FakeVllmServer:
             hs = self.states(ids)
         if self.fault == "wrong_layers":
             hs = hs[:, :-1]
-        path = self.shared / f"cmpl-{rid}.safetensors"
+        name = f"cmpl-{request_id}-0-{os.urandom(4).hex()}" if request_id else f"cmpl-{rid}"
+        path = self.shared / f"{name}.safetensors"
         # the lock exists, held, before the client can learn the path
         lock_fd = os.open(f"{path}.lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)

@@ -43,3 +43,28 @@ def test_rows_without_an_id_are_malformed_rows_and_the_run_still_finishes(tmp_pa
     errors = _errors(tmp_path)
     assert len(errors) == 2 and all("missing id" in e for e in errors.values())
     assert all("row 1 of" in k or "row 4 of" in k for k in errors)
+
+
+def test_an_answer_with_content_null_is_a_row_error_not_an_empty_trained_turn(tmp_path: Path) -> None:
+    """`content: null` answers were once stored as empty trained turns and the run said complete (issue 38 item 10)."""
+    from tests.fakes.hostile_server import HostileServer, Reply, chat_answer
+
+    def script(request: dict) -> Reply:
+        text = request["messages"][-1]["content"]
+        if "NULL" not in text:
+            return Reply(chat_answer(f"answer to {text}"))
+        body = json.loads(chat_answer("x"))
+        body["choices"][0]["message"]["content"] = None
+        return Reply(json.dumps(body).encode())
+
+    rows = [{"id": f"q{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(3)]
+    rows.append({"id": "null", "messages": [{"role": "user", "content": "NULL please"}]})
+    mix = write_mix(tmp_path / "mix", rows)
+    with HostileServer(script) as server:
+        assert main(["generate", "--mix", str(mix), "--out", str(tmp_path / "gen"), "--model", "target",
+                     "--endpoint", server.url, "--catalog", str(tmp_path / "c.duckdb")]) == 0
+    meta = json.loads((tmp_path / "gen" / "generation.json").read_text())
+    assert meta["status"] == "partial" and meta["failed_rows"] == 1
+    assert "content: null" in _errors(tmp_path)["null"]
+    stored = [json.loads(line) for f in sorted((tmp_path / "gen").glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+    assert sorted(r["id"] for r in stored) == ["q0", "q1", "q2"]

@@ -103,3 +103,80 @@ def test_hidden_states_and_plan_count_hostile_records_as_malformed(
                  "--out", str(store)]) == 0
     opened = HiddenStateStore.open(store)
     assert sorted(opened.ids()) == sorted(["c000", "c001", "c002", "c003", "nul"])
+
+
+HUGE_INT = "9" * 5000  # json.loads refuses integers past 4,300 digits with a plain ValueError
+
+
+def test_a_5000_digit_integer_is_one_malformed_row_in_profile_build_mix_plan_and_hidden_states(
+    tiny_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """issue 38 item 7: "unexpected ValueError" once stopped each of these stages."""
+    from tests.training.capture.test_hidden_states import conversation, write_gen
+    from training.storage.store import HiddenStateStore
+
+    good = [{"messages": [{"role": "user", "content": f"how do I sort list {i}?"}]} for i in range(6)]
+    lines = [json.dumps(r) for r in good] + ['{"messages": [{"role": "user", "content": "x"}], "n": ' + HUGE_INT + "}"]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "a.json").write_text("[" + ", ".join(lines) + "]")
+    for traffic in ("t.jsonl", "a.json"):
+        assert main(["profile", "--traffic", str(tmp_path / traffic), "--out", str(tmp_path / "p.json")]) == 0
+        assert json.loads((tmp_path / "p.json").read_text())["malformed"] == 1
+    (tmp_path / "recipe.yaml").write_text("name: n\nsources:\n  - path: t.jsonl\n    samples: 10\n"
+                                          "dedup: {exact: true, near: false}\n")
+    assert main(["build-mix", "--recipe", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "mix"),
+                 "--catalog", str(tmp_path / "c.duckdb")]) == 0
+    (source,) = read_manifest(tmp_path / "mix")["sources"]
+    assert source["malformed"] == 1 and source["kept"] == 6
+    huge = conversation(7)
+    huge["id"] = "huge"
+    line = json.dumps(huge)[:-1] + ', "n": ' + HUGE_INT + "}"
+    bad_call = conversation(9)
+    bad_call["id"] = "call"
+    bad_call["messages"][2]["tool_calls"] = [{"id": "c1", "type": "function",
+                                               "function": {"name": "f", "arguments": '{"x": ' + HUGE_INT + "}"}}]
+    gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(4)] + [line, json.dumps(bad_call)])
+    capsys.readouterr()
+    assert main(["plan", "--model", str(tiny_target), "--data", str(gen), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["samples"] == 4 and "2 malformed" in plan["lengths_from"], plan["lengths_from"]
+    assert main(["hidden-states", "--model", str(tiny_target), "--data", str(gen), "--out", str(tmp_path / "s")]) == 0
+    assert sorted(HiddenStateStore.open(tmp_path / "s").ids()) == ["c000", "c001", "c002", "c003"]
+
+
+def test_a_lone_surrogate_in_a_request_is_one_malformed_row_of_the_profile(tmp_path: Path) -> None:
+    """issue 38 item 7: profile once failed writing with "unexpected UnicodeEncodeError"."""
+    rows = [{"messages": [{"role": "user", "content": f"question {i}"}]} for i in range(5)]
+    rows.append({"messages": [{"role": "user", "content": f"hi {LONE} there"}]})
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["profile", "--traffic", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "p.json")]) == 0
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert profile["rows"] == 5 and profile["malformed"] == 1
+    assert any("Unicode" in reason for reason in profile["malformed_reasons"])
+
+
+def test_deep_nesting_binary_files_and_bad_optimizer_values_are_named_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """issue 38 item 7: RecursionError (--match, a train config), UnicodeDecodeError (a binary recipe), and
+    ValueError (lr=-1) once came out as "unexpected ..."."""
+    deep = "[" * DEEP + "]" * DEEP
+    (tmp_path / "deep.json").write_text('{"kind": ' + deep + "}")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00name: x\x80\x81")
+    (tmp_path / "t.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    (tmp_path / "r.yaml").write_text("name: n\nsources:\n  - path: t.jsonl\n    samples: 1\n")
+    (tmp_path / "cfg.json").write_text('{"lr": ' + deep + "}")
+    runs = [
+        ["build-mix", "--recipe", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "m"), "--match",
+         str(tmp_path / "deep.json"), "--catalog", str(tmp_path / "c.duckdb")],
+        ["build-mix", "--recipe", str(tmp_path / "binary.yaml"), "--out", str(tmp_path / "m"),
+         "--catalog", str(tmp_path / "c.duckdb")],
+        ["train", "--config", str(tmp_path / "cfg.json"), "data=x", "target=y", "out=z"],
+        ["train", "data=x", "target=y", f"out={tmp_path / 'run'}", "lr=-1"],
+    ]
+    for argv in runs:
+        capsys.readouterr()
+        assert main(argv) == 1, argv
+        err = " ".join(capsys.readouterr().err.split())
+        assert "error:" in err and "unexpected" not in err, (argv, err)
+    assert not (tmp_path / "run").exists()

@@ -94,10 +94,10 @@ def heldout_prompt_ids(demo: Path) -> list[tuple[str, list[int]]]:  # noqa: F811
 
 def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:  # noqa: F811
     """`curator eval`'s figures for `draft` on the held-out prompts (greedy, STEPS, MAX_NEW_TOKENS)."""
-    from curator.commands.evaluate import measure
+    from curator.evaluation.measure import measure
     from curator.mix.prompts import mix_prompts
     from training.eval.decode import load_target
-    from training.export.export import load_draft
+    from training.eagle3.load import load_draft
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")
     target, tokenizer = load_target(demo / "target")

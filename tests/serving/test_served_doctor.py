@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from serving_fixtures import (  # noqa: F401  (fixtures)
     STEPS, demo, engine_acceptance, heldout_prompt_ids, logs, toolkit_acceptance, vllm_env)

@@ -171,7 +171,7 @@ def test_sigkill_mid_run_resumes_with_every_id_once(target_server: VllmServer, d
                                                     tmp_path: Path) -> None:
     """`curator generate` killed with SIGKILL while the real engine answers, then run again: every mix
     id exactly once, each a token record."""
-    from curator.mix.schema import open_mix
+    from curator.rows.schema import open_mix
 
     big = write_mix(tmp_path / "big", rows=12)
     ids = sorted(r.id for r in open_mix(big).rows())

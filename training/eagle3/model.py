@@ -40,6 +40,14 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
 
 
+# Bounds on what a config file may state (the largest real targets are far inside them): checked
+# before a tensor is allocated from them.
+MAX_DIM = {"hidden_size": 1 << 16, "target_hidden_size": 1 << 16, "num_attention_heads": 1 << 10,
+           "num_key_value_heads": 1 << 10, "head_dim": 1 << 12, "intermediate_size": 1 << 19, "vocab_size": 1 << 23,
+           "draft_vocab_size": 1 << 23, "num_aux_layers": 1 << 6}
+MAX_ELEMENTS = 1 << 34  # 17G weights: 32 GiB in bf16, several times a real draft with its embeddings
+
+
 @dataclass
 class DraftConfig:
     hidden_size: int = 4096  # H: the draft's width, the target's hidden size (embeddings are shared)
@@ -63,6 +71,7 @@ class DraftConfig:
     norm_output: bool = False
 
     def __post_init__(self) -> None:
+        self._check_sizes()
         if self.norm_before_fc and self.fc_norm:
             raise ModelMismatchError("norm_before_fc and fc_norm are exclusive (one norm over the concatenated aux "
                                      "states, or one per state): set one of them")
@@ -84,6 +93,27 @@ class DraftConfig:
             raise ModelMismatchError(
                 f"rope type {rope_type!r} is not supported by the draft (use one of {SUPPORTED_ROPE_TYPES})"
             )
+
+    def _check_sizes(self) -> None:
+        """Refuse sizes no draft has, before anything is allocated from them: a config.json is a file
+        (an export's `vocab_size: 2e9` would otherwise make eval try to allocate a terabyte)."""
+        sizes = {"hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
+                 "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                 "head_dim": self.head_dim, "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+                 "draft_vocab_size": self.draft_vocab_size, "num_aux_layers": self.num_aux_layers}
+        for name, value in sizes.items():
+            if value is None and name in ("target_hidden_size", "head_dim"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM[name]:
+                raise ModelMismatchError(f"draft config {name} {value!r} is not a size a draft has "
+                                         f"(1..{MAX_DIM[name]:,}); the config.json is damaged or not a draft's")
+        h, ht = self.hidden_size, self.target_hidden_size or self.hidden_size
+        elements = (self.vocab_size + self.draft_vocab_size + 3 * self.intermediate_size + self.num_aux_layers * ht
+                    + 4 * self.num_attention_heads * (self.head_dim or h // self.num_attention_heads)) * h
+        if elements > MAX_ELEMENTS:
+            raise ModelMismatchError(f"draft config sizes (hidden {h}, vocab {self.vocab_size}, intermediate "
+                                     f"{self.intermediate_size}) make {elements:,} weights, more than any draft "
+                                     f"({MAX_ELEMENTS:,}); the config.json is damaged or not a draft's")
 
     @property
     def fused_width(self) -> int:
@@ -293,15 +323,10 @@ class Rotary(nn.Module):
         return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Return x (B, n, T, hd) rotated by the (B, T, hd) angles."""
     cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    return kernels.rotary(x, cos, sin)  # x * cos + rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -338,7 +363,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        return self.down_proj(kernels.swiglu(self.gate_proj(x), self.up_proj(x)))  # SwiGLU
 
 
 class DecoderLayer(nn.Module):

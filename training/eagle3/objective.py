@@ -13,6 +13,8 @@ exactly the 1-rank gradient).
 Two implementations of the same objective: TTTObjective over padded batches [B, T] (the
 reference, with draft.TTTCache), and PackedTTTObjective over packed rows of whole samples
 (training.feed.packing), which the trainer runs; tests/training/train/test_train_equivalence.py holds them equal.
+For long rows PackedTTTObjective recomputes the first TTT steps in the backward instead of keeping
+their activations (`recompute`; by default as many as the free device memory calls for).
 
 Metrics per TTT step k, over loss-masked positions (a target token outside the draft vocab counts
 as a miss): acc_k (unconditional top-1 agreement), cond_acc_k (agreement given steps < k all
@@ -28,9 +30,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from training.feed.batches import Batch, States
 from training.runtime.distributed import all_reduce_sum
+from training.eagle3 import kernels
 from training.eagle3.model import Eagle3Draft, TTTCache
 from training.runtime.profiling import phase
 from training.feed.packing import PackedBatch, pack_samples, plan_micro_batches, step_valid
@@ -41,6 +45,26 @@ from training.eagle3.ttt_attention import PackedTTTCache
 # per TTT step: loss_sum, n_valid, n_correct, n_prefix (all right through k), n_prev (all right through k-1),
 # and the target's entropy summed over the trained positions (loss - entropy is the KL the draft can still remove)
 N_SUMS = 6
+
+# PackedTTTObjective(recompute=None) keeps as many TTT steps' activations as fit in this share of
+# the device memory still free, and recomputes the others (the rest is the recomputed step's own
+# activations in the backward, gradients and temporaries).
+RECOMPUTE_ABOVE = 0.5
+
+
+def step_activation_bytes(cfg: Any, element_bytes: int = 2) -> int:
+    """Return an estimate of the bytes one token's TTT step keeps for the backward (bf16 autocast).
+
+    Counted from the layer: its norms' inputs and outputs, the 2H-wide concat, q/k/v and the
+    attention output, the SwiGLU's four intermediate-wide tensors, the final norm, and the soft
+    cross-entropy's gradient over the draft vocabulary, plus float32 norm statistics and rounding
+    (12 H-wide tensors in all). The H200 run of issue 39 measured 414 KB a token a step at the
+    Kimi shape (hidden 7168, intermediate 18432, draft vocab 32000), this gives 387 KB: it only
+    decides how many steps to recompute.
+    """
+    H, hd = int(cfg.hidden_size), int(cfg.head_dim)
+    kv = 2 * int(cfg.num_key_value_heads) * hd
+    return element_bytes * (12 * H + kv + 4 * int(cfg.intermediate_size) + int(cfg.draft_vocab_size))
 
 
 @dataclass
@@ -88,6 +112,12 @@ def packed_target_signals(
     argmax, probs, entropy = [], [], []
     for s in range(0, final.shape[0], rows):
         logits = head(final[s : s + rows])  # (rows, V)
+        if kernels.fused_enabled(logits):  # the same three, compiled into one pass over the logits
+            am, p, ent = kernels.target_rows(logits, draft_ids)
+            argmax.append(am)
+            probs.append(p)
+            entropy.append(ent)
+            continue
         argmax.append(logits.argmax(-1))
         p = logits[:, draft_ids].float().softmax(-1)  # (rows, draft_vocab)
         probs.append(p)
@@ -161,9 +191,35 @@ class PackedTTTObjective(nn.Module):
     no host synchronisation. Origin t at step k trains only when position t+1+k is in t's sample.
     """
 
-    def __init__(self, draft: Eagle3Draft) -> None:
+    def __init__(self, draft: Eagle3Draft, recompute: bool | int | None = None) -> None:
         super().__init__()
         self.draft = draft
+        # recompute: keep only a TTT step's inputs and recompute its activations in the backward
+        # (long rows: the unroll's saved activations grow as tokens x TTT steps; see `recomputed_steps`).
+        # True: every step but the last; an int: that many (the first ones); None: as many as the
+        # row needs to fit in the device memory still free.
+        self.recompute = recompute
+
+    def recomputed_steps(self, tokens: int, ttt_steps: int, device: torch.device) -> int:
+        """Return how many of a row's first TTT steps are recomputed in the backward (0: none).
+
+        The last step is never recomputed: its backward runs first, so dropping its activations
+        lowers no peak.
+        """
+        most = max(0, ttt_steps - 1)
+        if not torch.is_grad_enabled() or self.recompute is False:
+            return 0
+        if self.recompute is True:
+            return most
+        if self.recompute is not None:
+            return max(0, min(int(self.recompute), most))
+        if device.type != "cuda":
+            return 0
+        free, _ = torch.cuda.mem_get_info(device)
+        spare = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        per_step = tokens * step_activation_bytes(self.draft.config)
+        kept = int(RECOMPUTE_ABOVE * spare // max(per_step, 1))
+        return max(0, min(ttt_steps - kept, most))
 
     def forward(
         self,
@@ -182,7 +238,6 @@ class PackedTTTObjective(nn.Module):
         ttt_steps: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (loss = sum_k step_scale[k] * loss_sum_k, metric sums [ttt_steps, N_SUMS]), as TTTObjective."""
-        draft = self.draft
         N = input_ids.shape[1]
         ids, doc, valid, in_voc = input_ids[0], doc_ids[0], valid_mask[0], in_vocab[0]
         probs, argmax, ent = target_probs[0], target_argmax[0], entropy[0]
@@ -191,26 +246,48 @@ class PackedTTTObjective(nn.Module):
         max_len = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
         cache, hidden = PackedTTTCache(cu_seqlens, bounds, max_len), aux
         prefix = torch.ones(N, dtype=torch.bool, device=input_ids.device)  # all right so far, per origin
+        recompute = self.recomputed_steps(N, min(ttt_steps, N - 1), input_ids.device)
         for k in range(ttt_steps):
             n = N - 1 - k  # origins t whose step-k target position t+1+k exists in the row
             if n <= 0:
                 break
-            step_ids = F.pad(ids[k + 1 :], (0, k + 1))[None]  # token x_{t+1+k} at origin t
-            with phase(f"draft_step{k}"):
-                out = draft(step_ids, hidden, position_ids=positions + k, cache=cache)
-            hidden = out.hidden  # (1, N, H): the next step's input
-            with phase("loss"):
-                loss, step_sums, prefix = self._step_loss(out.logits[0, :n], k, loss, prefix, probs, argmax, ent,
-                                                         valid, in_voc, doc, step_scale)
+            args = (hidden, prefix, k, ids, positions, cache, probs, argmax, ent, valid, in_voc, doc, step_scale)
+            if k < recompute:
+                hidden, scaled, step_sums, prefix, keys = checkpoint(self._step, *args, use_reentrant=False,
+                                                                     preserve_rng_state=False)
+            else:
+                hidden, scaled, step_sums, prefix, keys = self._step(*args)
+            cache.keep(*keys)
+            loss = loss + scaled
             sums[k] = step_sums
         return loss, sums
 
+    def _step(
+        self, hidden: torch.Tensor, prefix: torch.Tensor, k: int, ids: torch.Tensor, positions: torch.Tensor,
+        cache: PackedTTTCache, probs: torch.Tensor, argmax: torch.Tensor, ent: torch.Tensor, valid: torch.Tensor,
+        in_voc: torch.Tensor, doc: torch.Tensor, step_scale: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Return TTT step k: (its hidden output, scaled loss, metric sums, all-right mask, its keys and values).
+
+        A function of its arguments alone (the cache is read through the view of steps < k), so a
+        checkpoint can run it again in the backward and get the same tensors.
+        """
+        n = ids.shape[0] - 1 - k
+        view = cache.upto(k)
+        step_ids = F.pad(ids[k + 1 :], (0, k + 1))[None]  # token x_{t+1+k} at origin t
+        with phase(f"draft_step{k}"):
+            out = self.draft(step_ids, hidden, position_ids=positions + k, cache=view)
+        with phase("loss"):
+            scaled, step_sums, prefix = self._step_loss(out.logits[0, :n], k, prefix, probs, argmax, ent,
+                                                        valid, in_voc, doc, step_scale)
+        return out.hidden, scaled, step_sums, prefix, view.newest()
+
     def _step_loss(
-        self, logits: torch.Tensor, k: int, loss: torch.Tensor, prefix: torch.Tensor, probs: torch.Tensor,
+        self, logits: torch.Tensor, k: int, prefix: torch.Tensor, probs: torch.Tensor,
         argmax: torch.Tensor, ent: torch.Tensor, valid: torch.Tensor, in_voc: torch.Tensor, doc: torch.Tensor,
         step_scale: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (loss with step k's term added, step k's metric sums [N_SUMS], the all-right-so-far mask)."""
+        """Return (step k's scaled loss term, its metric sums [N_SUMS], the all-right-so-far mask)."""
         n = logits.shape[0]  # (n, draft_vocab), the autocast dtype
         step_ok = step_valid(valid, doc, k)  # (n,): same sample, loss token
         train_mask = step_ok & in_voc[1 + k :]
@@ -223,7 +300,7 @@ class PackedTTTObjective(nn.Module):
             counted = [step_ok.sum(), correct.sum(), prefix.sum(), (prev & step_ok).sum()]
             sums = torch.stack([loss_sum.detach().double(), *(c.double() for c in counted),
                                 entropy_sum.double()])
-        return loss + scaled, sums, prefix
+        return scaled, sums, prefix
 
 
 def packed_call(

@@ -18,6 +18,9 @@ import torch
 from training.eagle3 import kernels
 
 ROWS_PER_CHUNK = 2048  # bounds the float32 temporaries to ROWS x vocab
+# The compiled pass's temporaries too: one chunk at the benchmark's shapes, and a 64K-token row
+# at a 32K vocabulary no longer needs [64K, 32K] float32 at once.
+COMPILED_ROWS_PER_CHUNK = 16384
 
 
 class _SoftCE(torch.autograd.Function):
@@ -29,17 +32,20 @@ class _SoftCE(torch.autograd.Function):
         grad = None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         with torch.autocast(logits.device.type, enabled=False):
-            if need_grad and kernels.enabled() and logits.is_cuda:  # compiled: one fused pass, no chunks
+            compiled = need_grad and kernels.enabled() and logits.is_cuda
+            # compiled: one fused pass per chunk; eager: chunks bound the float32 temporaries
+            rows = COMPILED_ROWS_PER_CHUNK if compiled else ROWS_PER_CHUNK
+            if compiled and logits.shape[0] <= rows:
                 total, grad = kernels.soft_ce_rows(logits, probs, weight, scale)
-            else:  # eager: chunks bound the float32 temporaries
+            else:
                 grad = torch.empty_like(logits) if need_grad else None
-                for s in range(0, logits.shape[0], ROWS_PER_CHUNK):
-                    z, p, w = (x[s : s + ROWS_PER_CHUNK] for x in (logits, probs, weight))
+                for s in range(0, logits.shape[0], rows):
+                    z, p, w = (x[s : s + rows] for x in (logits, probs, weight))
                     if grad is None:
                         total = total + kernels.loss_rows(z, p, w)
                         continue
                     # scaled in float32 before rounding, as autograd would round the plain version's
-                    part, grad[s : s + ROWS_PER_CHUNK] = kernels.soft_ce_rows(z, p, w, scale)
+                    part, grad[s : s + rows] = kernels.soft_ce_rows(z, p, w, scale)
                     total = total + part
         ctx.save_for_backward(grad if grad is not None else torch.empty(0))
         ctx.mark_non_differentiable(total)

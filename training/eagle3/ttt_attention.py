@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from training.eagle3 import kernels
 from training.runtime.profiling import phase
 
 
@@ -121,6 +122,11 @@ class _TTTAttention(torch.autograd.Function):
             ctx.save_for_backward(q, k0, v0, o0, lse0)
             return o0
         n_kv = k0.shape[1]
+        if kernels.fused_enabled(q):  # the same algebra, compiled into a few passes
+            ks, vs = torch.stack(later[:m], dim=2), torch.stack(later[m:], dim=2)  # (N, nkv, m, hd)
+            y, a0, p = kernels.ttt_merge(q, o0, lse0.t(), ks, vs, block0.scale)
+            ctx.save_for_backward(q, k0, v0, y, lse0, a0, p, *later)
+            return y
         ks = torch.stack(later[:m], dim=2).float()  # (N, nkv, m, hd)
         vs = torch.stack(later[m:], dim=2).float()
         s = torch.matmul(_grouped(q, n_kv), ks.transpose(-1, -2)) * block0.scale  # (N, nkv, rep, m)
@@ -141,6 +147,12 @@ class _TTTAttention(torch.autograd.Function):
             return None, None, dq, dk0, dv0
         q, k0, v0, y, lse0, a0, p, *later = ctx.saved_tensors
         n_kv = k0.shape[1]
+        if kernels.fused_enabled(q):
+            ks, vs = torch.stack(later[:m], dim=2), torch.stack(later[m:], dim=2)
+            dout0, ds, dks, dvs = kernels.ttt_merge_grads(dy, y, a0, p, q, ks, vs, block0.scale)
+            dq0, dk0, dv0 = block0.backward(dout0, q, k0, v0, y, lse0, ctx.state)
+            dq = kernels.ttt_merge_dq(dq0, ds, ks)
+            return (None, None, dq, dk0, dv0, *dks.unbind(2), *dvs.unbind(2))
         dyf = _grouped(dy, n_kv)  # (N, nkv, rep, hd)
         delta = (dyf * _grouped(y, n_kv)).sum(-1)  # (N, nkv, rep): rowsum(dy * y) of the merged attention
         dout0 = (a0[..., None] * dyf).view_as(dy).to(dy.dtype)
@@ -174,6 +186,25 @@ class PackedTTTCache:
     def position_offset(self) -> int:
         """Return the step index: step k puts origin t at position t + k."""
         return len(self.keys)
+
+    def upto(self, steps: int) -> PackedTTTCache:
+        """Return a cache holding this one's first `steps` steps (new steps go to it alone).
+
+        What a recomputed TTT step attends over: in the backward this cache holds every step, and
+        step k must see steps < k only, as it did in the forward.
+        """
+        view = PackedTTTCache(self.cu_seqlens, self.bounds, self.max_len)
+        view.keys, view.values = self.keys[:steps], self.values[:steps]
+        return view
+
+    def newest(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the keys and values (N, nkv, hd) of the last step appended."""
+        return self.keys[-1], self.values[-1]
+
+    def keep(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Append a step's keys and values computed through a view (see `upto`)."""
+        self.keys.append(keys)
+        self.values.append(values)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Append this step's k, v (1, nkv, N, hd); return attention of q (1, nh, N, hd) as (1, nh, N, hd)."""

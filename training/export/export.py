@@ -21,19 +21,18 @@ import torch
 from safetensors.torch import save_file
 
 from training.train.checkpoint import layer_ids as checkpoint_layer_ids
-from training.train.checkpoint import read_checkpoint, read_weights
-from training.eagle3.model import DraftConfig, Eagle3Draft
+from training.train.checkpoint import read_checkpoint
+from training.eagle3.load import CONFIG_FILE, WEIGHTS_FILE
+from training.eagle3.model import DraftConfig
 from training.eagle3.weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
-from training.eagle3.layouts import FORMATS, ExportSource, Layout, layout_named, layout_of
+from training.eagle3.layouts import FORMATS, ExportSource, layout_named
 from training.io.outlock import OutputLock
 from training.target.config import read_target_config
 from training.target.head import load_embeddings
 
-__all__ = ["FORMATS", "WEIGHTS_FILE", "export_checkpoint", "is_hub_id", "load_draft", "read_export_config"]
+__all__ = ["FORMATS", "export_checkpoint", "is_hub_id"]
 
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 TMP_SUFFIX = ".tmp"  # `.NAME.<6 hex>.tmp`: a new export being written beside NAME
 ASIDE_SUFFIX = ".old"  # `.NAME.<6 hex>.old`: the earlier export, renamed aside while the new one goes in
 
@@ -111,7 +110,7 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
     """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
     out.parent.mkdir(parents=True, exist_ok=True)
     # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
-    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export"):
+    with OutputLock(out.parent, f".{out.name}.export.lock", "curator export", guards=out):
         _sweep_stale(out)  # under the lock: no live export of `out` owns any of them; may restore `out`
         _check_replaceable(out)
         tag = uuid.uuid4().hex[:6]
@@ -133,6 +132,9 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
     return out
 
 
+_SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9_]{6,8}")
+
+
 def _sweep_stale(out: Path) -> list[Path]:
     """Clean up after killed exports of `out` (hold its lock); return the folders removed.
 
@@ -141,12 +143,16 @@ def _sweep_stale(out: Path) -> list[Path]:
     that earlier export is renamed back, not deleted. Only folders by these names holding nothing but
     an export's files are taken: a folder of the user's that happens to match is kept.
     """
+    def export_file(name: str, suffix: str) -> bool:
+        # safetensors writes the weights to a `.tmpXXXXXX` file and renames it: a kill mid-write leaves one
+        return name in (CONFIG_FILE, WEIGHTS_FILE) or (suffix == TMP_SUFFIX and _SAFETENSORS_TMP.fullmatch(name) is not None)
+
     def ours(suffix: str) -> list[Path]:
         pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}{re.escape(suffix)}")
         return sorted(
             (path for path in out.parent.iterdir()
              if pattern.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
-             and {p.name for p in path.iterdir()} <= {CONFIG_FILE, WEIGHTS_FILE}),
+             and all(export_file(p.name, suffix) and not p.is_symlink() for p in path.iterdir())),
             key=lambda path: path.stat().st_mtime,
         )
 
@@ -172,48 +178,3 @@ def _check_replaceable(out: Path) -> None:
             f"--out {out} holds other files ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}); "
             "export into a new or empty directory (only an earlier export is replaced)"
         )
-
-
-def read_export_config(export_dir: str | Path) -> dict[str, Any]:
-    """Return an export's config.json as a dict; TrainingError when it is missing or not a JSON object."""
-    root = Path(export_dir)
-    try:
-        config = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TrainingError(f"{root} is not an exported draft (config.json unreadable: {exc})") from exc
-    if not isinstance(config, dict):
-        raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
-    return config
-
-
-def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> Eagle3Draft:
-    """Return the draft in an export directory (any layout), float32, in eval mode.
-
-    Embeddings come from the export when it has them, else from `target_dir` (or the target
-    recorded at export time when that directory still exists). Non-finite or mis-shaped weights are
-    refused (ModelMismatchError).
-    """
-    root = Path(export_dir)
-    config = read_export_config(root)
-    target = target_dir or (config.get("curator") or {}).get("target_dir")
-    target_config = read_target_config(target) if target and Path(target).exists() else None
-    layout: Layout = layout_of(config)
-    try:
-        cfg = layout.draft_config(config, target_config)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ModelMismatchError(f"{root}/config.json lacks or garbles a field the draft needs ({exc!r}); "
-                                 "re-export the draft with curator export") from exc
-    weights = layout.internal_weights(read_weights(root / WEIGHTS_FILE))
-    weights = {k: (v.float() if v.is_floating_point() else v) for k, v in weights.items()}
-    check_servable(weights, cfg, f"export {root}")
-    draft = Eagle3Draft(cfg)
-    missing, unexpected = draft.load_state_dict(weights, strict=False)
-    # d2t/t2d are left out of an export whose draft vocabulary is the target's (identity maps)
-    optional = {"embed_tokens.weight"} | ({"d2t", "t2d"} if cfg.draft_vocab_size == cfg.vocab_size else set())
-    if unexpected or set(missing) - optional:
-        raise ModelMismatchError(f"{root} weights do not fit its config (missing {missing}, unexpected {unexpected})")
-    if "embed_tokens.weight" in missing:
-        if not target or not Path(target).exists():
-            raise TrainingError(f"{root} has no embeddings; pass the target's model directory to load them from")
-        draft.load_embeddings(load_embeddings(target))
-    return draft.eval()

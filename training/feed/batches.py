@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 import torch
 
@@ -15,7 +16,11 @@ from training.errors import StoreError
 from training.capture.online import OnlineStates
 from training.storage.store import HiddenStateStore, dequantize_fp8
 
-States = HiddenStateStore | OnlineStates  # stored states, or the target run beside the draft
+if TYPE_CHECKING:  # engine.py sits beside this module and imports nothing of it
+    from training.feed.engine import EngineStates
+
+# stored states, the target run beside the draft, or the serving engines' captures
+States = Union[HiddenStateStore, OnlineStates, "EngineStates"]
 
 
 @dataclass

@@ -24,17 +24,25 @@ class OutputBusyError(TrainingError):
 class OutputLock:
     """Exclusive lock on an output folder for one stage (`with OutputLock(folder, ".x.lock", "curator x"):`)."""
 
-    def __init__(self, folder: str | Path, name: str, stage: str) -> None:
+    def __init__(self, folder: str | Path, name: str, stage: str, guards: str | Path | None = None) -> None:
         self.folder = Path(folder)
         self.path = self.folder / name
         self.stage = stage
+        # the output the lock stands for, named in the refusal: `folder` itself, or (for a lock kept
+        # beside an output that is replaced whole, as export's) that output
+        self.guards = Path(guards) if guards is not None else self.folder
         self._fd: int | None = None
+        self._made: list[Path] = []  # the folders the lock made, deepest first: left empty, they go
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise OutputBusyError naming the live holder's PID; return self."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            made = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # a holder that failed removed its empty folder as we made it
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -42,7 +50,7 @@ class OutputLock:
                 os.close(fd)
                 who = f"PID {holder[0]}" + (f" on {holder[1]}" if len(holder) > 1 else "") if holder else "another process"
                 raise OutputBusyError(
-                    f"{self.folder} is being written by another {self.stage} ({who}); "
+                    f"{self.guards} is being written by another {self.stage} ({who}); "
                     "wait for it to finish or use another output folder"
                 ) from None
             try:
@@ -55,6 +63,7 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
+        self._made = made
         return self
 
     def holder(self) -> str | None:
@@ -73,10 +82,16 @@ class OutputLock:
         return None
 
     def release(self) -> None:
-        """Remove the lock file and let go of the lock (nothing when not held)."""
+        """Remove the lock file and let go of the lock (nothing when not held); remove the folder too
+        when this lock made it and the run left nothing in it (a run refused at its inputs)."""
         if self._fd is None:
             return
         self.path.unlink(missing_ok=True)
+        for folder in self._made:
+            try:
+                folder.rmdir()  # only ever an empty folder: anything written in it stays
+            except OSError:
+                break
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None

@@ -281,7 +281,7 @@ def iter_generation(gen_dir: str | Path, stats: GenerationReadStats | None = Non
                     continue
                 try:
                     rec = json.loads(line)
-                except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep to parse
+                except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
                     stats.malformed += 1
                     continue
                 if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("messages"), list):

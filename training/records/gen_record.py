@@ -76,7 +76,7 @@ def tool_call_problem(call: Any) -> str | None:
         return f"tool call {call['id']!r}: arguments are not a JSON string"
     try:
         parsed = json.loads(args)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # bad JSON, or past json's limits
         return f"tool call {call['id']!r}: arguments are not valid JSON"
     if not isinstance(parsed, dict):
         return f"tool call {call['id']!r}: arguments are not a JSON object"

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from training.io.atomic import write_text
 from training.io.diskspace import named_disk_full
@@ -35,6 +34,7 @@ from training.eagle3.weights import nonfinite_tensors
 from training.errors import DivergedError, ModelMismatchError, TrainingError
 from training.target.layers import check_layer_ids
 from training.target.head import load_embeddings
+from training.io.weights import read_weights
 
 FORMAT = "curator-eagle3-checkpoint/2"
 # /1 also recorded the layer ids at the top level, next to the same ids in draft_config.
@@ -135,14 +135,6 @@ def layer_ids(meta: dict[str, Any]) -> list[int]:
     ids = [int(i) for i in meta["draft_config"]["aux_layer_ids"]]
     n = (meta.get("target_config") or {}).get("num_hidden_layers")
     return check_layer_ids(ids, int(n)) if n else ids
-
-
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Return the tensors of a safetensors file; a missing or damaged file is a TrainingError."""
-    try:
-        return load_file(str(path))
-    except (OSError, SafetensorError) as exc:
-        raise TrainingError(f"{path} is not a readable safetensors file ({exc}); was it copied completely?") from exc
 
 
 def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:

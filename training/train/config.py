@@ -5,6 +5,7 @@ the file that names it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import types
 import typing
@@ -23,6 +24,19 @@ class TrainConfig:
     # where things are
     data: str = ""  # hidden-state store directory; with online: a generation output directory
     online: bool = False  # run the target beside the draft (training/capture/online.py): nothing is stored
+    # engine-fed (training/feed/engine.py, docs/engine-fed.md): vLLM servers running extract_hidden_states
+    # capture each sample's states just before its step; data is a generation output directory
+    engine: str = ""  # comma-separated endpoint URLs; empty: not engine-fed
+    engine_model: str = ""  # the name the engines serve the target under (default: target)
+    engine_shared_dir: str = ""  # the engines' shared_storage_path, as they name it
+    engine_path_map: str = ""  # ENGINE_DIR=LOCAL_DIR when the shared folder is mounted elsewhere here
+    engine_concurrency: int = 4  # requests in flight per engine
+    engine_retries: int = 4
+    engine_timeout_s: float = 600.0
+    prefetch_samples: int = 64  # captured samples held ahead of the step, per rank
+    prefetch_bytes: str | int = ""  # and at most this many bytes of them (e.g. 8GB); empty: no byte bound
+    cache_budget: str | int = "0"  # keep captured samples on local disk up to this (e.g. 500GB) for later epochs; 0: recapture every epoch
+    cache_dir: str = ""  # where the cache goes (default: out/engine-cache)
     target: str = ""  # the target's local model directory (config.json + safetensors)
     out: str = ""  # run directory: checkpoints, metrics.jsonl, vocab.json
     # the draft
@@ -79,6 +93,21 @@ class TrainConfig:
             problems.append("eval_fraction must be in [0, 1)")
         if self.max_length < 2:
             problems.append("max_length must be >= 2")
+        # the optimizer's own ValueErrors ("Invalid learning rate") would come unnamed, mid-setup
+        for name in ("lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
+                problems.append(f"{name} must be a finite number >= 0, not {value!r}")
+        if isinstance(self.lr, (int, float)) and self.lr == 0:
+            problems.append("lr must be > 0")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not 0.0 <= value < 1.0:
+                problems.append(f"{name} must be in [0, 1), not {value!r}")
+        if self.engine and self.online:
+            problems.append("engine and online are two sources of states: set one")
+        if self.prefetch_samples < 1 or self.engine_concurrency < 1 or self.engine_retries < 0:
+            problems.append("prefetch_samples and engine_concurrency must be >= 1, engine_retries >= 0")
         if problems:
             raise TrainingError("invalid training config: " + "; ".join(problems))
 
@@ -140,6 +169,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise TrainingError(f"cannot read config {p}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise TrainingError(f"{p} is not text (not UTF-8): a config is a JSON or YAML file") from None
     if p.suffix in (".yaml", ".yml"):
         try:
             import yaml  # optional: the GPU box may lack it; JSON always works
@@ -154,8 +185,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     else:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TrainingError(f"{p} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise TrainingError(f"{p} is nested too deeply to be a config") from None
+        except ValueError as exc:  # JSONDecodeError, and an integer of more than 4,300 digits
+            raise TrainingError(f"{p} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise TrainingError(f"{p} must hold a mapping of option: value")
     return data
@@ -176,7 +209,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise TrainingError(f"{item!r} is not key=value (e.g. max_steps=600)")
         try:
             out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON (or past json's limits): kept as text
             out[key.strip()] = value
     return out
 

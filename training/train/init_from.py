@@ -2,7 +2,7 @@
 
 Users adapt a published draft to their traffic this way. The draft is an export folder in either
 layout (SGLang/SpecForge `LlamaForCausalLMEagle3`, speculators `Eagle3Speculator`), read by
-training.export.export.load_draft, so it is checked as an export is (finite, shaped as its config
+training.eagle3.load.load_draft, so it is checked as an export is (finite, shaped as its config
 says, its norms as its format defines them). The run keeps the draft's shape, vocabulary and norms:
 - its decoder shape, rope and draft vocabulary come from the draft (its lm_head rows are its d2t's);
 - the target must be the draft's (hidden size, vocabulary), and the store must hold the layers the
@@ -45,7 +45,7 @@ class InitDraft:
 def read_init_draft(path: str | Path, target_dir: str | Path, target_config: dict[str, Any], vocab_size: int,
                     store_layers: list[int], variant: dict[str, bool], intermediate_size: int | None) -> InitDraft:
     """Return the export at `path` as the start of a run on this target and store, or raise naming the misfit."""
-    from training.export.export import load_draft  # export imports the checkpoint module; loaded only when used
+    from training.eagle3.load import load_draft
 
     root = Path(path)
     if not root.is_dir():

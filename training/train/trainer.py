@@ -27,7 +27,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +43,12 @@ from training.train.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     read_meta,
-    read_weights,
     restore_rng_state,
     rng_state,
     save_checkpoint,
     WEIGHTS,
 )
+from training.io.weights import read_weights
 from training.runtime.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from training.eagle3.model import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, StoreError, TrainingError
@@ -56,6 +56,7 @@ from training.train.nonfinite import NonFiniteWatch
 from training.eagle3.objective import N_SUMS, PackedTTTObjective, metric_sums, packed_call, packed_target_signals, summarize
 from training.feed.packing import DeviceCopier, PackedBatch, pack_samples, plan_micro_batches
 from training.capture.online import OnlineStates
+from training.feed.engine import CaptureFactory, EngineFeedError, EngineStates, parse_bytes
 from training.io.outlock import OutputLock
 from training.eval.simulate import simulated_eval
 from training.storage.store import HiddenStateStore, StoreMeta
@@ -68,7 +69,11 @@ from training.eagle3.vocab import DraftVocab, build_vocab, count_tokens
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 # Options that change how a run is watched or where it runs, never what it learns.
-RESUME_INSENSITIVE = ("device", "log_every", "eval_every", "save_every", "out")
+RESUME_INSENSITIVE = ("device", "log_every", "eval_every", "save_every", "out",
+                      # where the engines are and how far ahead they capture: the same states either way
+                      "engine", "engine_model", "engine_shared_dir", "engine_path_map", "engine_concurrency",
+                      "engine_retries", "engine_timeout_s", "prefetch_samples", "prefetch_bytes", "cache_budget",
+                      "cache_dir")
 TRAIN_DEFAULTS = TrainConfig().to_dict()
 LOCK_FILE = ".train.lock"
 
@@ -227,7 +232,27 @@ class Setup:
     pending_tokens: int = 0
 
 
-def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
+def open_states(cfg: TrainConfig, device: torch.device, dist_info: DistInfo,
+                capture_factory: CaptureFactory | None) -> States:
+    """Return the run's states: a store, the target beside the draft (online), or the engines (engine)."""
+    if cfg.online:
+        return OnlineStates.open(cfg.target, cfg.data, device=device)
+    if cfg.engine:
+        if capture_factory is None:
+            raise TrainingError(
+                "engine-fed training (engine=...) draws states through curator's vLLM client "
+                "(curator.engine_feed); run it with `curator train` (also under torchrun), or capture a store "
+                "with `curator hidden-states --backend vllm` for `python -m training.trainer`")
+        return EngineStates.open(
+            cfg.target, cfg.data, capture_factory, run_dir=Path(cfg.out), rank=dist_info.rank,
+            max_length=cfg.max_length, window_samples=cfg.prefetch_samples,
+            window_bytes=parse_bytes(cfg.prefetch_bytes),
+            cache_budget=parse_bytes(cfg.cache_budget) // dist_info.world_size, cache_dir=cfg.cache_dir or None)
+    # fp8 stores are read as stored and dequantised on the training device (Batch.to)
+    return HiddenStateStore.open(cfg.data, dequantize=False)
+
+
+def setup(cfg: TrainConfig, resume: bool = False, capture_factory: CaptureFactory | None = None) -> Setup:
     """Return the run's data, draft and optimizer, restored from its latest checkpoint when resuming."""
     dist_info = init_distributed(cfg.device)
     device, world = dist_info.device, dist_info.world_size
@@ -236,24 +261,23 @@ def setup(cfg: TrainConfig, resume: bool = False) -> Setup:
     use_bf16 = cfg.bf16 if cfg.bf16 is not None else device.type == "cuda"
     data_dtype = torch.bfloat16 if use_bf16 else torch.float32
 
-    # fp8 stores are read as stored and dequantised on the training device (Batch.to)
-    store: States = (OnlineStates.open(cfg.target, cfg.data, device=device) if cfg.online
-                     else HiddenStateStore.open(cfg.data, dequantize=False))
+    store = open_states(cfg, device, dist_info, capture_factory)
+    eval_store: States = store
+    if cfg.eval_data:  # cheap inputs first: a wrong path is named before the target's head is read
+        eval_store = HiddenStateStore.open(cfg.eval_data, dequantize=False)
+        _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
     target_cfg = read_target_config(cfg.target)
     head = TargetHead.from_pretrained(cfg.target, dtype=data_dtype, device=device)
     _check_inputs(store.meta, target_cfg, head, store)
-    run_dir, ckpt = _prepare_run_dir(cfg, resume, dist_info)
-    eval_store = store
     train_ids, eval_ids = training_ids(store.ids(), separate_eval=bool(cfg.eval_data), eval_fraction=cfg.eval_fraction,
                                        eval_max_samples=cfg.eval_max_samples, max_train_samples=cfg.max_train_samples)
     if cfg.eval_data:
-        eval_store = HiddenStateStore.open(cfg.eval_data, dequantize=False)
-        _check_same_capture(store.meta, eval_store.meta, cfg.eval_data)
         eval_ids = sorted(eval_store.ids())[: cfg.eval_max_samples]
     if len(train_ids) < cfg.global_batch_size:
         raise TrainingError(
             f"{len(train_ids)} training samples are fewer than global_batch_size {cfg.global_batch_size}"
         )
+    run_dir, ckpt = _prepare_run_dir(cfg, resume, dist_info)  # the inputs are checked: now the run folder
     fingerprint = data_fingerprint(store, train_ids)
     if ckpt is not None:
         saved = read_meta(ckpt).get("data_fingerprint")
@@ -337,6 +361,7 @@ def train(
     resume: bool = False,
     on_metrics: MetricsCallback | None = None,
     stop_after_steps: int | None = None,
+    capture_factory: CaptureFactory | None = None,
 ) -> TrainResult:
     """Train a draft as `cfg` says; return where its final checkpoint is and the last metrics.
 
@@ -348,13 +373,24 @@ def train(
     anything non-finite is saved.
     """
     with run_lock(cfg.out):
-        return _train(cfg, resume=resume, on_metrics=on_metrics, stop_after_steps=stop_after_steps)
+        return _train(cfg, resume=resume, on_metrics=on_metrics, stop_after_steps=stop_after_steps,
+                      capture_factory=capture_factory)
 
 
 def _train(
-    cfg: TrainConfig, *, resume: bool, on_metrics: MetricsCallback | None, stop_after_steps: int | None
+    cfg: TrainConfig, *, resume: bool, on_metrics: MetricsCallback | None, stop_after_steps: int | None,
+    capture_factory: CaptureFactory | None = None,
 ) -> TrainResult:
-    run = setup(cfg, resume)
+    run = setup(cfg, resume, capture_factory)
+    try:
+        return _run(cfg, run, on_metrics=on_metrics, stop_after_steps=stop_after_steps)
+    finally:
+        if isinstance(run.store, EngineStates):
+            run.store.close()  # after the final eval, which captures the held-out samples
+
+
+def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
+         stop_after_steps: int | None) -> TrainResult:
     draft, store, head, device, dist_info = run.draft, run.store, run.head, run.device, run.dist
     world, rank = dist_info.world_size, dist_info.rank
     optimizer, scheduler, total_steps, batches_per_epoch = run.optimizer, run.scheduler, run.total_steps, run.batches_per_epoch
@@ -432,8 +468,25 @@ def _train(
             local = epoch_cache[1][index][rank::world]
         # packed, no padding: each micro-batch holds at most what a padded one of micro_batch_size could
         micro = plan_micro_batches(local, lengths, cfg.micro_batch_size * cfg.max_length)
-        packed = [pack_samples(store, ids, cfg.max_length) for ids in micro]
+        # engine-fed: this step's captures
+        source: Any = engine.for_step(at_step) if engine is not None else store
+        packed = [pack_samples(source, ids, cfg.max_length) for ids in micro]
         return [b.pin_memory() for b in packed] if device.type == "cuda" else packed
+
+    def rank_schedule(start: int) -> Iterator[tuple[int, list[str]]]:
+        """Yield (step, this rank's ids in the order load_step reads them) from `start` on: what the engines capture."""
+        order: tuple[int, list[list[str]]] = (-1, [])
+        for at_step in range(start, total_steps):
+            epoch, index = divmod(at_step, batches_per_epoch)
+            if order[0] != epoch:
+                order = (epoch, epoch_batches(run.train_ids, lengths, cfg.global_batch_size, cfg.bucket_batches,
+                                              cfg.seed, epoch))
+            micro = plan_micro_batches(order[1][index][rank::world], lengths, cfg.micro_batch_size * cfg.max_length)
+            yield at_step, [sid for ids in micro for sid in ids]
+
+    engine: EngineStates | None = store if isinstance(store, EngineStates) else None
+    if engine is not None:
+        engine.start(rank_schedule(step))
 
     # Online states run the target on the GPU: read those in the loop, not on a second thread.
     prefetch = Prefetcher(load_step, total_steps, depth=0 if cfg.online else 2)
@@ -465,6 +518,8 @@ def _train(
             grad_norms.append(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).detach())
             optimizer.step()
             scheduler.step()
+            if engine is not None:
+                engine.release(step)  # its samples leave the window: the engines may capture further ahead
             step += 1
             session_steps += 1
             if step % cfg.log_every == 0 or step == total_steps:
@@ -479,6 +534,8 @@ def _train(
                     "grad_norm": sum(norms) / len(norms), "tokens": tokens,
                     "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "total_steps": total_steps,
                 }
+                if engine is not None:
+                    last_train["feed"] = engine.stats.to_json()  # this rank's: captures, cache, waits, window
                 emit(last_train)
                 pending.zero_()
                 pending_tokens, grad_norms, t_log = 0, [], time.perf_counter()
@@ -489,7 +546,15 @@ def _train(
                 last_saved = step
             if stop_after_steps is not None and session_steps >= stop_after_steps and step < total_steps:
                 break
+    except EngineFeedError:
+        # the engines cannot go on: keep every finished step, so that --resume starts right after it
+        if engine is not None and not dist_info.enabled and step > max(last_saved, 0):
+            engine.stop_schedule()
+            save(step)
+        raise
     finally:
+        if engine is not None:
+            engine.stop_schedule()  # before the read-ahead thread, which may be waiting for a capture
         prefetch.close()
     if step == total_steps and resumed and session_steps == 0:
         # a finished run resumed: its final eval is logged already; read it back, do not log it again
@@ -504,20 +569,22 @@ def _train(
     return TrainResult(run.run_dir, path, step, last_train, last_eval, run.meta["vocab"])
 
 
-def _local_rank_main(rank: int, world: int, port: int, cfg_dict: dict[str, Any], threads: int | None) -> None:
+def _local_rank_main(rank: int, world: int, port: int, cfg_dict: dict[str, Any], threads: int | None,
+                     capture_factory: CaptureFactory | None = None) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if threads:
         torch.set_num_threads(threads)
     try:
-        train(TrainConfig.from_dict(cfg_dict))
+        train(TrainConfig.from_dict(cfg_dict), capture_factory=capture_factory)
     except BaseException:
         shutdown(clean=False)
         raise
     shutdown()
 
 
-def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: int | None = None) -> None:
+def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: int | None = None,
+                      capture_factory: CaptureFactory | None = None) -> None:
     """Train `cfg` on `world_size` processes of this machine, as torchrun would start them.
 
     For notebooks and tests; on a cluster use torchrun with either entry point.
@@ -529,7 +596,8 @@ def train_local_ranks(cfg: TrainConfig, world_size: int, *, threads_per_rank: in
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_local_rank_main, args=(world_size, port, cfg.to_dict(), threads_per_rank), nprocs=world_size, join=True)
+    mp.spawn(_local_rank_main, args=(world_size, port, cfg.to_dict(), threads_per_rank, capture_factory),
+             nprocs=world_size, join=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

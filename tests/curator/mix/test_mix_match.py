@@ -141,3 +141,29 @@ def test_the_plan_gives_every_shared_category_its_target_even_from_sources_of_ze
     assert matched.targets == {"code": 8, "chat": 7, "general": 0}
     assert matched.quotas == {0: {"code": 8}, 1: {"chat": 5}, 2: {"chat": 2}, 3: {"general": 0}}
     assert matched.not_in_traffic == ["general"] and matched.not_in_recipe == {}
+
+
+@pytest.mark.parametrize("edit", ["buckets", "nan", "negative"])
+def test_a_profiles_bucket_count_is_bounded_and_its_counts_finite(folder: Path, edit: str, capsys) -> None:
+    """`features.buckets: 1e12` once raised "unexpected MemoryError" (issue 38 item 9); NaN counts were
+    accepted and changed which rows --match selects (item 10)."""
+    import json as _json
+
+    profile = write_profile(folder / "p.json", {"code": 0.5, "chat": 0.5},
+                            {"code": _texts(CODE_WORDS, 20, 1), "chat": _texts(CODE_WORDS, 20, 2)})
+    data = _json.loads(profile.read_text())
+    per = data["features"]["per_category"]
+    if edit == "buckets":
+        data["features"]["buckets"] = 1e12
+    else:
+        first = next(iter(per.values()))
+        first["counts"][0] = float("nan") if edit == "nan" else -3.0
+    profile.write_text(_json.dumps(data))
+    recipe = folder / "r.yaml"
+    recipe.write_text("name: m\nsources:\n  - path: chat.jsonl\n    samples: 5\n    category: chat\n"
+                      "  - path: code.jsonl\n    samples: 5\n    category: code\n")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(folder / "mix"), "--match", str(profile),
+                 "--catalog", str(folder / "c.duckdb")]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "not a valid traffic profile" in err and "unexpected" not in err
+    assert ("buckets" in err) if edit == "buckets" else ("finite" in err)

@@ -100,3 +100,52 @@ def test_recipe_paths_are_confined_to_the_recipe_folder_unless_allowed(tmp_path,
     recipe.write_text("name: opted-out\nsources:\n  - path: ../secretdir/creds.json\n    samples: 1\n")
     assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), "--allow-outside-paths", *catalog]) == 0
     assert read_manifest(project / "mix")["rows"] == 1
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_recipes_dataset_entries_read_the_hub_only_unless_allowed(tmp_path, capsys, monkeypatch, offline):
+    """`dataset: json` with outside data_files, a local folder as a dataset, `text` on /etc/passwd and
+    a decontaminate entry doing the same are refused before anything is read (issue 38 item 1)."""
+    from curator.cli import main
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # --offline sets it; restored after the test
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no Hub here: a probe fails at once
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    row = '{"conversations": [{"from": "human", "value": "OUTSIDE-ROW"}, {"from": "gpt", "value": "x"}]}\n'
+    (outside / "rows.jsonl").write_text(row)
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "rows.jsonl").write_text(row.replace("OUTSIDE-ROW", "INSIDE-ROW"))
+    (project / "data" / "link.jsonl").symlink_to(outside / "rows.jsonl")
+    catalog = ["--catalog", str(tmp_path / "c.duckdb"), *(["--offline"] if offline else [])]
+    cases = {
+        "json outside": f"  - dataset: json\n    data_files: {outside / 'rows.jsonl'}\n    samples: 1\n",
+        "json dotdot": "  - dataset: json\n    data_files: ../outside/rows.jsonl\n    samples: 1\n",
+        "json glob": "  - dataset: json\n    data_files: ../outside/*.jsonl\n    samples: 1\n",
+        "json link": "  - dataset: json\n    data_files: [data/link.jsonl]\n    samples: 1\n",
+        "json bare": "  - dataset: json\n    samples: 1\n",
+        "folder": f"  - dataset: {outside}\n    samples: 1\n",
+        "passwd": "  - dataset: text\n    data_files: /etc/passwd\n    samples: 1\n",
+        "hub abs": "  - dataset: owner/name\n    data_files: /etc/passwd\n    samples: 1\n",
+        "decontam": f"  - path: data/rows.jsonl\n    samples: 1\ndecontaminate:\n  - dataset: json\n"
+                    f"    data_files: {outside / 'rows.jsonl'}\n",
+    }
+    recipe = project / "recipe.yaml"
+    for case, sources in cases.items():
+        recipe.write_text(f"name: confined\nsources:\n{sources}")
+        capsys.readouterr()
+        assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog]) == 1, case
+        err = " ".join(capsys.readouterr().err.split())
+        assert "--allow-outside-paths" in err and ("outside the recipe's folder" in err or "Hub" in err), (case, err)
+        assert not (project / "mix" / MANIFEST).exists(), case
+    # A packaged builder reading files in the recipe's folder is fine; relative data_files resolve there.
+    recipe.write_text("name: inside\nsources:\n  - dataset: json\n    data_files: data/rows.jsonl\n    samples: 1\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(project / "mix"), *catalog, "--offline"]) == 0
+    assert read_manifest(project / "mix")["rows"] == 1
+    # The runner's flag lets the same recipe read outside.
+    recipe.write_text(f"name: allowed\nsources:\n{cases['json outside']}")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(tmp_path / "mix2"), *catalog, "--offline",
+                 "--allow-outside-paths"]) == 0
+    assert read_manifest(tmp_path / "mix2")["rows"] == 1

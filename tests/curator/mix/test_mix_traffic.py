@@ -113,3 +113,27 @@ def test_planted_exact_and_near_benchmark_copies_are_removed_and_counted(tmp_pat
     assert manifest["decontaminate"]["sets"] == [{"name": "evalset.jsonl", "prompts": 30, "malformed": 0, "mix_rows_dropped": 3}]
     texts = " ".join(m["content"] for r in open_mix(tmp_path / "mix").rows() for m in r.messages).lower()
     assert bench[0].lower() not in texts and " ".join(near).lower() not in texts and bench[2].lower() not in texts
+
+
+def test_a_traffic_source_of_only_invalid_rows_is_named_with_its_reason(tmp_path: Path, capsys) -> None:
+    """Such a source was once accepted silently beside others ("read 60, malformed 0") and, alone, failed
+    with "tr: 60 read" and no reason (issue 38 item 10)."""
+    import json as _json
+
+    from curator.cli import main
+
+    with open(tmp_path / "tr.jsonl", "w") as f:
+        for i in range(60):
+            f.write(_json.dumps({"messages": [{"role": "assistant", "content": f"hi {i}"}]}) + "\n")
+    with open(tmp_path / "ok.jsonl", "w") as f:
+        for i in range(20):
+            f.write(_json.dumps({"messages": [{"role": "user", "content": f"question {i} about sorting"}]}) + "\n")
+    traffic = "  - path: tr.jsonl\n    name: tr\n    format: traffic\n    samples: 10\n    heldout: 0.1\n"
+    for extra in ("", "  - path: ok.jsonl\n    samples: 5\n"):
+        (tmp_path / "r.yaml").write_text(f"name: t\nsources:\n{traffic}{extra}")
+        capsys.readouterr()
+        assert main(["build-mix", "--recipe", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "mix"),
+                     "--catalog", str(tmp_path / "c.duckdb")]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "every row of a source is malformed" in err and "60 malformed (no user turn: 60)" in err, err
+        assert not (tmp_path / "mix").exists()

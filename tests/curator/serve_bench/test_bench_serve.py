@@ -12,7 +12,7 @@ from curator.errors import ConfigError, EndpointError
 from curator.serve_bench.client import Endpoint
 from curator.engines.prometheus import parse_prometheus
 from curator.engines.sglang import verify_counts as sglang_verify_counts
-from curator.engines.vllm import VllmSpecCounters
+from curator.engines import vllm
 from curator.serve_bench.report import verdict
 from curator.serve_bench.run import BenchPrompt, bench_serve
 
@@ -85,12 +85,12 @@ def test_prometheus_counters_sum_engines_and_skip_created_samples() -> None:
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15',
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 35',
     ])
-    c = VllmSpecCounters.from_metrics(page)
+    c = vllm.spec_counters(page)
     assert (c.drafts, c.accepted) == (40.0, 50.0) and c.acceptance_length == pytest.approx(2.25)
     assert c.position_rates() == [35 / 40, 15 / 40]
     assert len(parse_prometheus(page)) == 6
     with pytest.raises(EndpointError, match="without speculative decoding"):
-        VllmSpecCounters.from_metrics('vllm:num_requests_running{engine="0"} 1')
+        vllm.spec_counters('vllm:num_requests_running{engine="0"} 1')
 
 
 def test_sglang_meta_info_without_completion_tokens_is_refused() -> None:
@@ -186,3 +186,56 @@ def test_every_request_carries_the_temperature_asked_for(engine: str) -> None:
     with pytest.raises(ConfigError, match="temperature"):
         bench_serve(Endpoint(engine, spec.url), None, prompts(2), concurrencies=[1], max_tokens=4, source="test",
                     temperature=float("nan"))
+
+
+SSE_ANSWER = (b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
+              b'data: {"choices": [], "usage": {"completion_tokens": 1}}\n\ndata: [DONE]\n\n')
+
+
+@pytest.mark.parametrize("case", ["401", "500", "no metrics"])
+def test_url_credentials_never_appear_in_bench_serves_errors_or_report(case: str, tmp_path: Path, capsys) -> None:
+    """`--endpoint http://user:secret@host:port` once appeared whole in the error line (issue 38 item 5)."""
+    from tests.fakes.hostile_server import HostileServer, Reply
+
+    from curator.cli import main
+
+    def script(request: dict) -> Reply:
+        if "messages" not in request:  # GET /metrics
+            return Reply(b"not found", status=404)
+        if case == "401":
+            return Reply(b'{"error": {"message": "bad credentials"}}', status=401)
+        if case == "500":
+            return Reply(b'{"error": {"message": "boom"}}', status=500)
+        return Reply(SSE_ANSWER)
+
+    with HostileServer(script) as server:
+        url = server.url.replace("http://", "http://benchuser:s3cr3t-pw@")
+        code = main(["bench-serve", "--engine", "vllm", "--endpoint", url, "--prompts",
+                     str(write_prompt_file(tmp_path / "p.jsonl")), "--max-tokens", "4"])
+    said = capsys.readouterr()
+    assert code == 1 and "error:" in said.err
+    assert "s3cr3t-pw" not in said.out + said.err and "benchuser" not in said.out + said.err
+    assert server.url.removeprefix("http://") in " ".join(said.err.split())  # the endpoint is still named
+    # the credentials were sent, as basic auth
+    import base64
+    assert any(h.get("authorization") == "Basic " + base64.b64encode(b"benchuser:s3cr3t-pw").decode()
+               for h in server.seen_headers)
+
+
+def test_bench_serves_timeout_bounds_the_whole_request_and_its_answer_size(tmp_path: Path) -> None:
+    """A server dripping one byte at a time once kept a `--timeout 3` request for 68 s (issue 38 item 14)."""
+    import time
+
+    from tests.fakes.hostile_server import HostileServer, Reply
+
+    with HostileServer(lambda request: Reply(SSE_ANSWER * 50, drip_s=0.05)) as server:
+        start = time.perf_counter()
+        with pytest.raises(EndpointError, match=r"no whole answer within 1 s \(--timeout\)"):
+            bench_serve(Endpoint("vllm", server.url, "target"), None, prompts(1), concurrencies=[1], max_tokens=4,
+                        source="test", timeout_s=1.0)
+        assert time.perf_counter() - start < 5
+    huge = b'data: {"choices": [{"delta": {"content": "' + b"x" * (17 * 2**20) + b'"}}]}\n\n'
+    with HostileServer(lambda request: Reply(huge, chunked=True)) as server:
+        with pytest.raises(EndpointError, match="larger than 16,777,216 bytes"):
+            bench_serve(Endpoint("vllm", server.url, "target"), None, prompts(1), concurrencies=[1], max_tokens=4,
+                        source="test")

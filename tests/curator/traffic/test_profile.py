@@ -169,3 +169,46 @@ def test_a_failing_llm_is_one_clear_error_and_no_profile(tmp_path: Path, capsys)
                                      "--model", "judge", "--base-url", server.openai_url], capsys)
     assert code == 1 and not (tmp_path / "p.json").exists()
     assert "refused the key (HTTP 401)" in console and "Traceback" not in console
+
+
+PERSONAL = {  # what the fault sweep of issue 38 (item 6) found copied, one of each kind
+    "address": "Jane Whitfield, 42 Baker Street, London",
+    "address_de": "Hauptstraße 17",
+    "iban": "DE89 3704 0044 0532 0130 00",
+    "iban_packed": "GB82WEST12345698765432",
+    "password_words": "my password is Tr0ub4dor",
+    "password_short": "pw=abc12",
+    "hf_short": "hf_Qm1RtYpLkJhGf",
+    "spelled_email": "jane.whitfield at example dot com",
+    "named": "My name is Oskar Lindqvist",
+}
+PERSONAL_NEEDLES = ["Whitfield", "Baker Street", "Hauptstraße 17", "3704 0044", "GB82WEST", "Tr0ub4dor", "abc12",
+                    "Qm1RtYpLkJhGf", "example dot com", "Lindqvist"]
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+def test_addresses_ibans_passwords_and_spelled_out_emails_never_leave_the_traffic(
+    api: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Profile file, console and the --llm request bodies (issue 38 item 6)."""
+    leak = "; ".join(PERSONAL.values())
+    rows = [f"{UNSURE} Ask {i}. {v}. {leak}" for i, v in enumerate(PERSONAL.values())] + [f"{SURE} {leak}"] * 3
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text("".join(json.dumps({"messages": [{"role": "system", "content": leak},
+                                                        {"role": "user", "content": t}]}) + "\n" for t in rows))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    with ScriptedLLMServer(default_script=_judge) as server:
+        url = server.anthropic_url if api == "anthropic" else server.openai_url
+        code, console = run_profile(["--traffic", str(traffic), "--out", str(tmp_path / "p.json"), "--llm", api,
+                                     "--model", "judge", "--base-url", url], capsys)
+        sent = json.dumps(server.bodies, ensure_ascii=False)
+    assert code == 0, console
+    written = (tmp_path / "p.json").read_text()
+    assert sum(len(v) for v in json.loads(written)["examples"].values()) >= 3 and len(server.log) >= 1
+    for needle in PERSONAL_NEEDLES:
+        for where, text in (("profile", json.loads(written)), ("console", console), ("--llm", sent)):
+            assert needle not in json.dumps(text, ensure_ascii=False), (needle, where)
+    # --no-examples: no example text in the profile or on the console, the counts the same
+    code, console = run_profile(["--traffic", str(traffic), "--out", str(tmp_path / "q.json"), "--no-examples"], capsys)
+    assert code == 0 and all(v == [] for v in json.loads((tmp_path / "q.json").read_text())["examples"].values())
+    assert "Ask 0" not in console

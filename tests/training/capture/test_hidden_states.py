@@ -345,3 +345,41 @@ def test_token_ids_past_the_vocabulary_or_int64_are_one_malformed_record_each(
     stats = extract(model, tok, iter_generation(gen), tmp_path / "store", meta)
     assert stats.malformed == 2 and stats.stored == 2
     assert sorted(HiddenStateStore.open(tmp_path / "store").ids()) == ["c000", "ok"]
+
+
+SIGTERM_RUNNER = """
+import os, signal, sys
+import curator.commands.hidden_states as hs
+from curator.cli import main
+
+real = hs.progress
+def progress(*a, **k):
+    bar = real(*a, **k)
+    advance, seen = bar.advance, []
+    def advance_then_term(task, n=1):
+        advance(task, n)
+        seen.append(n)
+        if len(seen) == 3:  # a few batches done, all of them still in the shard buffer
+            os.kill(os.getpid(), signal.SIGTERM)
+    bar.advance = advance_then_term
+    return bar
+hs.progress = progress
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_keeps_the_captured_samples_as_ctrl_c_does(tiny_target: Path, tmp_path: Path) -> None:
+    """SIGTERM once ended hidden-states at -15 with 0 samples stored (issue 38 item 13)."""
+    import signal
+    import subprocess
+    import sys
+
+    gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(40)])
+    store = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_RUNNER, "hidden-states", "--model", str(tiny_target),
+                           "--data", str(gen), "--out", str(store), "--batch-tokens", "64", "--force"],
+                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130 != -signal.SIGTERM, proc.stderr[-2000:]
+    kept = HiddenStateStore.open(store).ids()
+    assert 0 < len(kept) < 40
+    assert not list(store.glob(".*.lock"))  # the lock let go

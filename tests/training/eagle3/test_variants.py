@@ -15,8 +15,10 @@ from safetensors import safe_open
 from tests.training.train.test_trainer import AUX_LAYERS, one_thread, sharp_target, store_dir, tiny_config  # noqa: F401  (fixtures)
 from training.eagle3.model import DraftConfig, Eagle3Draft
 from training.errors import ModelMismatchError, TrainingError
-from training.export.export import export_checkpoint, load_draft
-from training.train.checkpoint import latest_checkpoint, read_meta, read_weights
+from training.export.export import export_checkpoint
+from training.eagle3.load import load_draft
+from training.train.checkpoint import latest_checkpoint, read_meta
+from training.io.weights import read_weights
 from training.train.config import TrainConfig
 from training.train.trainer import train
 

@@ -255,7 +255,7 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
 
 def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
     from training.eval.decode import held_out_split, offline_estimate
-    from training.export.export import load_draft
+    from training.eagle3.load import load_draft
     from training.storage.store import HiddenStateStore
     from training.feed.batches import split_eval
 

@@ -15,7 +15,8 @@ from safetensors import safe_open
 
 from tests.training.train.test_trainer import AUX_LAYERS, one_thread, sharp_target, store_dir, tiny_config  # noqa: F401  (fixtures)
 from training.errors import TrainingError
-from training.export.export import export_checkpoint, load_draft
+from training.export.export import export_checkpoint
+from training.eagle3.load import load_draft
 from training.train.checkpoint import load_checkpoint_draft
 from training.train.trainer import train
 
@@ -161,6 +162,28 @@ def test_a_diverged_checkpoint_is_refused_at_export_and_a_nan_export_at_load(run
         load_draft(out)
 
 
+@pytest.mark.parametrize(("field", "value"), [("vocab_size", 2_000_000_000), ("hidden_size", -1),
+                                              ("intermediate_size", 1e30), ("num_attention_heads", 0)])
+def test_an_exports_stated_sizes_are_bounded_before_anything_is_allocated(
+    run_dir: Path, tmp_path: Path, field: str, value: float
+) -> None:
+    """An export's `vocab_size: 2e9` once made eval try to allocate a terabyte (issue 38 item 9)."""
+    import json
+
+    from training.errors import ModelMismatchError
+
+    for fmt in ("sglang", "speculators"):
+        out = export_checkpoint(run_dir, tmp_path / fmt, fmt=fmt)
+        config = json.loads((out / "config.json").read_text())
+        where = config.get("transformer_layer_config", config)
+        where[field] = value
+        if field == "vocab_size":
+            config[field] = value
+        (out / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ModelMismatchError, match=rf"{field}|not a size a draft has|more than any draft"):
+            load_draft(out)
+
+
 def test_a_wrongly_shaped_fc_or_an_out_of_range_d2t_is_refused_at_export(run_dir: Path, tmp_path: Path) -> None:
     from training.errors import ModelMismatchError
 
@@ -187,6 +210,20 @@ def test_export_sweeps_the_temporaries_of_killed_exports_but_not_a_users_folder(
     export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     assert not killed.exists()
     assert (users / "notes.txt").read_text() == "mine" and other.exists()
+
+
+def test_an_export_killed_while_safetensors_writes_leaves_nothing_the_next_export_keeps(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """safetensors writes `.tmpXXXXXX` and renames it: a kill mid-write once left a temporary folder that
+    no later export removed (issue 38 item 12). Measured: SIGKILL of a 600 MB export leaves
+    `.draft.<hex>.tmp/.tmpoZSfdU`."""
+    killed = tmp_path / ".draft.ff09fe.tmp"
+    killed.mkdir()
+    (killed / ".tmpoZSfdU").write_bytes(b"part of the weights")
+    export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
+    assert not killed.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".draft.")) == []
 
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -233,6 +270,17 @@ def test_a_second_export_to_the_same_folder_is_refused_while_one_runs(run_dir: P
             export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     assert not (tmp_path / "draft").exists()
     assert export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang").is_dir()  # once it is done
+
+
+def test_the_export_lock_names_the_output_not_its_parent(run_dir: Path, tmp_path: Path) -> None:
+    """The refusal once named tmp_path, the folder the lock sits in (issue 38 item 15)."""
+    import re
+
+    from training.io.outlock import OutputBusyError, OutputLock
+
+    with OutputLock(tmp_path, ".draft.export.lock", "curator export"):
+        with pytest.raises(OutputBusyError, match=rf"^{re.escape(str(tmp_path / 'draft'))} is being written"):
+            export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "speculators"])

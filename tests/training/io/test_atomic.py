@@ -29,3 +29,90 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path, mo
     with pytest.raises(OSError, match="disk full"):
         atomic.write_text(path, "new")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["x.txt"]
+
+
+def _char_device(path: Path) -> Path:
+    """A node like /dev/null (major 1, minor 3) in a test folder, so that nothing real is at risk."""
+    import os
+    import stat
+
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD; the FIFO case below covers the code path")
+    return path
+
+
+def test_a_character_device_or_fifo_is_written_in_place_never_replaced(tmp_path: Path, capsys) -> None:
+    """`profile --out /dev/null` (as root) once replaced /dev/null with a regular file (issue 38 item 3)."""
+    import os
+    import stat
+    import threading
+
+    from curator.cli import main
+    from curator.traffic.synthetic import write_jsonl
+
+    null = _char_device(tmp_path / "null")
+    atomic.write_json(null, {"k": 1})
+    assert stat.S_ISCHR(os.lstat(null).st_mode) and [p.name for p in tmp_path.iterdir()] == ["null"]
+    write_jsonl(tmp_path / "t.jsonl", 50, {"chat": 1.0}, seed=1)
+    assert main(["profile", "--traffic", str(tmp_path / "t.jsonl"), "--out", str(null)]) == 0
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    atomic.write_json(fifo, {"k": 2})
+    reader.join(10)
+    assert got == [b'{"k": 2}'] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "pipe", "t.jsonl"]  # no temporary left
+
+
+def test_a_folder_or_socket_at_an_output_path_is_refused_by_name(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(atomic.OutputPathError, match="is a folder"):
+        atomic.write_text(tmp_path / "d", "x")
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "s"))
+        with pytest.raises(atomic.OutputPathError, match="not a regular file"):
+            atomic.write_text(tmp_path / "s", "x")
+    finally:
+        sock.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "s"]
+
+
+def test_an_output_folder_is_never_followed_through_a_link(tmp_path: Path) -> None:
+    """A symlinked `subset-0.125` once sent forecast's index.json and meta.json elsewhere (issue 38 item 4)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "subset-0.125").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(atomic.OutputPathError, match="subset-0.125 is a link"):
+        atomic.output_folder(out, "subset-0.125")
+    (out / "deep").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(atomic.OutputPathError, match="deep is a link"):
+        atomic.output_folder(out, "deep/run")
+    assert list(elsewhere.iterdir()) == []
+    assert atomic.output_folder(out, "run-1").is_dir()
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """Killed profiles once left `.p.json.tmp-PID-hex` files behind for good (issue 38 item 12)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".p.json{atomic.TMP_MARK}{dead.pid}-abc123"
+    stale.write_text("half a profile")
+    live = tmp_path / f".p.json{atomic.TMP_MARK}1-abc123"  # PID 1 is alive: a writer at work keeps its temporary
+    live.write_text("being written")
+    mine = tmp_path / "notes.tmp-1-abc123"  # not a temporary of p.json
+    mine.write_text("the user's")
+    atomic.write_json(tmp_path / "p.json", {"k": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p.json", live.name, mine.name])

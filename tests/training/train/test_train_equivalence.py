@@ -76,9 +76,11 @@ def _reference(draft: Eagle3Draft, head: TargetHead, batch: Batch, scale: torch.
     return loss.detach(), sums, _grads(draft)
 
 
-def _packed(draft: Eagle3Draft, head: TargetHead, batches: list[PackedBatch], scale: torch.Tensor, ttt: int):
+def _packed(draft: Eagle3Draft, head: TargetHead, batches: list[PackedBatch], scale: torch.Tensor, ttt: int,
+            recompute: bool | None = None):
     draft.zero_grad(set_to_none=True)
-    objective, loss, sums = PackedTTTObjective(draft), torch.zeros(()), torch.zeros(ttt, 6, dtype=torch.float64)
+    objective, loss, sums = (PackedTTTObjective(draft, recompute=recompute), torch.zeros(()),
+                             torch.zeros(ttt, 6, dtype=torch.float64))
     for batch in batches:
         sig = packed_target_signals(batch, head, draft.draft_ids(), draft.t2d)
         part, part_sums = packed_call(objective, batch, sig, scale, ttt)
@@ -116,6 +118,97 @@ def test_packed_and_unpacked_batches_match_the_padded_reference(ttt: int, draft_
     for name, batches in packs.items():
         assert torch.equal(sum(b.step_counts(ttt) for b in batches), counts), name
         _assert_same(ref, _packed(draft, head, batches, scale, ttt))
+
+
+@pytest.mark.parametrize("ttt", [2, 5])
+def test_recomputed_ttt_steps_give_the_same_loss_and_gradients(ttt: int) -> None:
+    """Long rows train with each TTT step recomputed in the backward: the same loss, sums and gradients.
+
+    Against the plain packed path and the padded reference, over a row of several samples and
+    over rows packed by a small budget (a step then attends over its own earlier steps only,
+    which the recomputation must see again as in the forward).
+    """
+    draft, head, samples = _setup(40)
+    padded = _padded(samples)
+    scale = (0.8 ** torch.arange(ttt, dtype=torch.float64) / step_counts(padded.loss_mask, ttt).clamp(min=1)).float()
+    ref = _reference(draft, head, padded, scale, ttt)
+    store = MemoryStates(samples)
+    lengths = {s.id: len(s) for s in samples}
+    for batches in ([pack_samples(store, [s.id for s in samples], 64)],
+                    [pack_samples(store, ids, 64) for ids in plan_micro_batches(list(lengths), lengths, 24)]):
+        plain = _packed(draft, head, batches, scale, ttt, recompute=False)
+        recomputed = _packed(draft, head, batches, scale, ttt, recompute=True)
+        _assert_same(ref, recomputed)
+        for name, grad in plain[2].items():  # the same operations run again: equal to rounding
+            torch.testing.assert_close(recomputed[2][name], grad, rtol=1e-6, atol=1e-8, msg=name)
+
+
+def test_the_compiled_attention_merge_computes_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels.ttt_merge* (the forms the GPU compiles; run as plain torch here) give the padded reference."""
+    from training.eagle3 import kernels
+
+    monkeypatch.setattr(kernels, "fused_enabled", lambda x: True)
+    ttt = 4
+    draft, head, samples = _setup(40)
+    padded = _padded(samples)
+    scale = (0.8 ** torch.arange(ttt, dtype=torch.float64) / step_counts(padded.loss_mask, ttt).clamp(min=1)).float()
+    ref = _reference(draft, head, padded, scale, ttt)
+    batch = pack_samples(MemoryStates(samples), [s.id for s in samples], 64)
+    _assert_same(ref, _packed(draft, head, [batch], scale, ttt))
+    _assert_same(ref, _packed(draft, head, [batch], scale, ttt, recompute=True))
+
+
+def test_recompute_keeps_as_many_steps_as_the_free_memory_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from training.eagle3 import objective as obj
+
+    draft, _, _ = _setup(40)
+    per_step = obj.step_activation_bytes(draft.config)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    auto = PackedTTTObjective(draft)
+    assert auto.recomputed_steps(10**9, 7, cpu) == 0  # the CPU: never (no device memory to save)
+    assert PackedTTTObjective(draft, recompute=True).recomputed_steps(8, 7, cpu) == 6  # all but the last
+    assert PackedTTTObjective(draft, recompute=3).recomputed_steps(8, 7, cpu) == 3
+    assert PackedTTTObjective(draft, recompute=9).recomputed_steps(8, 7, cpu) == 6
+    with torch.no_grad():  # evaluation keeps no activations: nothing to recompute
+        assert PackedTTTObjective(draft, recompute=True).recomputed_steps(8, 7, cpu) == 0
+    # on a GPU with room for 4 steps' activations of a 1000-token row within RECOMPUTE_ABOVE of what is free
+    spare = int(4.5 * 1000 * per_step / obj.RECOMPUTE_ABOVE)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (spare - 100, 10 * spare))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 300)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 200)
+    assert auto.recomputed_steps(1000, 7, gpu) == 3  # 4 kept, the first 3 recomputed
+    assert auto.recomputed_steps(100, 7, gpu) == 0  # a short row: everything kept
+    assert auto.recomputed_steps(10**6, 7, gpu) == 6  # a very long one: all but the last
+
+
+def test_partly_recomputed_unroll_gives_the_same_gradients() -> None:
+    ttt = 5
+    draft, head, samples = _setup(VOCAB)
+    padded = _padded(samples)
+    scale = (0.8 ** torch.arange(ttt, dtype=torch.float64) / step_counts(padded.loss_mask, ttt).clamp(min=1)).float()
+    ref = _reference(draft, head, padded, scale, ttt)
+    batch = pack_samples(MemoryStates(samples), [s.id for s in samples], 64)
+    _assert_same(ref, _packed(draft, head, [batch], scale, ttt, recompute=2))
+
+
+def test_soft_cross_entropy_in_chunks_matches_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows past a chunk are done a chunk at a time (the compiled pass too, past 16K rows): same sum and gradient."""
+    from training.eagle3 import soft_ce
+
+    torch.manual_seed(3)
+    logits = torch.randn(37, 11, dtype=torch.float64)
+    probs = torch.randn(37, 11, dtype=torch.float64).softmax(-1)
+    weight = torch.rand(37) > 0.3
+    scale = torch.tensor(0.5, dtype=torch.float64)
+    outs = []
+    for rows in (1000, 8):
+        monkeypatch.setattr(soft_ce, "ROWS_PER_CHUNK", rows)
+        z = logits.clone().requires_grad_(True)
+        scaled, total = soft_cross_entropy_sum(z, probs, weight, scale)
+        scaled.backward()
+        outs.append((total, z.grad))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-6, atol=0)  # a float32 sum in another order
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0, atol=0)  # each row's gradient: the same operations
 
 
 def test_several_optimizer_steps_follow_the_same_weights() -> None:
