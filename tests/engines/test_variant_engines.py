@@ -17,7 +17,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from engine_fixtures import sharp_target, store_dir, tiny_config  # noqa: E402,F401  (fixtures)
-from training.export.export import export_checkpoint, load_draft  # noqa: E402
+from training.eagle3.load import load_draft  # noqa: E402
+from training.export.export import export_checkpoint  # noqa: E402
 from training.target.head import load_embeddings  # noqa: E402
 
 VARIANTS = {
