@@ -29,7 +29,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("training.train",),
     ("training.export",),
     ("training.trainer", "training.hidden_states"),  # the entry modules of `python -m`
-    ("curator", "curator.errors", "curator.aio", "curator.cpu", "curator.http", "curator.ui", "curator.loss_report"),
+    ("curator", "curator.errors", "curator.aio", "curator.cpu", "curator.http", "curator.ui", "curator.loss_report",
+     "curator.signals"),
     ("curator.rows", "curator.llm", "curator.hub", "curator.catalog", "curator.engines"),
     ("curator.sql", "curator.traffic", "curator.generate", "curator.doctor", "curator.hidden_vllm", "curator.train_progress"),
     ("curator.mix", "curator.capture", "curator.forecast", "curator.engine_feed", "curator.feed_plan_view"),
