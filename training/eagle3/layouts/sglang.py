@@ -85,7 +85,6 @@ class SGLangLayout(Layout):
         }
 
     def served_variants(self, config: dict[str, Any]) -> dict[str, dict[str, bool]]:
-        eagle = self._eagle(config)
         # SGLang 0.5.23 srt/models/llama_eagle3.py: norm_before_fc from eagle_config, else the top level;
         # fc_norm (or its legacy `use_aux_norm`) and norm_output from the top level; no norm_before_residual
         sglang = {**self.owner_variant(config), "norm_before_residual": False}
