@@ -177,16 +177,10 @@ class VllmCapture:
     """training.feed.engine.Capture over vLLM engines (see module doc); its own event loop thread."""
 
     def __init__(self, opts: VllmOptions, meta: StoreMeta, norm: Any, journal: Path) -> None:
-        roots: list[str] = []
-        auth: dict[str, httpx.Auth] = {}
-        for given in opts.endpoints:
-            try:
-                root, credentials = http.endpoint_root(given)  # user:password is sent, never shown
-            except ValueError as exc:
-                raise EngineFeedError(f"engine {exc}") from exc
-            roots.append(root)
-            if credentials is not None:
-                auth[root] = credentials
+        try:
+            roots, auth = http.endpoint_roots(opts.endpoints)
+        except ValueError as exc:
+            raise EngineFeedError(f"engine {exc}") from exc
         if not roots:
             raise EngineFeedError("engine= names no endpoint URL")
         self.opts = dataclasses.replace(opts, endpoints=roots, auth=auth)

@@ -397,16 +397,10 @@ async def extract_vllm(
     """Capture every not-yet-stored record through the engines into the store; return the counts."""
     if not opts.endpoints:
         raise ConfigError("--backend vllm needs at least one --endpoint URL")
-    roots: list[str] = []
-    auth: dict[str, httpx.Auth] = {}
-    for given in opts.endpoints:
-        try:
-            root, credentials = http.endpoint_root(given)  # user:password is sent, never shown
-        except ValueError as exc:
-            raise ConfigError(f"--endpoint {exc}") from exc
-        roots.append(root)
-        if credentials is not None:
-            auth[root] = credentials
+    try:
+        roots, auth = http.endpoint_roots(opts.endpoints)
+    except ValueError as exc:
+        raise ConfigError(f"--endpoint {exc}") from exc
     opts = dataclasses.replace(opts, endpoints=roots, auth=auth)
     stats = ExtractStats()
     start = time.perf_counter()

@@ -280,6 +280,19 @@ def endpoint_root(url: str) -> tuple[str, httpx.BasicAuth | None]:
         raise ValueError(redact(str(exc))) from None
 
 
+def endpoint_roots(urls: Iterable[str]) -> tuple[list[str], dict[str, httpx.Auth]]:
+    """Return the roots of several endpoint URLs and the basic auth each one carried, by root
+    (ValueError, redacted, for the first that is not an http(s) URL)."""
+    roots: list[str] = []
+    auth: dict[str, httpx.Auth] = {}
+    for given in urls:
+        root, credentials = endpoint_root(given)  # user:password is sent, never shown
+        roots.append(root)
+        if credentials is not None:
+            auth[root] = credentials
+    return roots, auth
+
+
 # scheme://user:password@ (or scheme://token@): the part of a URL that must never be recorded
 # userinfo may not hold an unescaped ? or #, but a malformed URL's password must not leak through one:
 # over-stripping an odd query (scheme://host?x=a@b) is the safer error for a redaction
