@@ -329,14 +329,16 @@ def test_model_error_with_markup_and_a_key_prints_literally_and_is_stored_redact
 def test_request_timeout_and_max_attempts_flags_bound_a_hung_model(tmp_path, capsys) -> None:
     import time
 
-    with ScriptedLLMServer(latency=3.0) as llm:
+    # answers take 10 s, so waiting for one shows; the run's own start-up (up to 5.7 s on a loaded
+    # 2-core machine) stays far below that
+    with ScriptedLLMServer(latency=10.0) as llm:
         start = time.perf_counter()
         code = _scout_cli(llm, tmp_path / "c.duckdb", "--request-timeout", "0.2", "--max-attempts", "2")
         took = time.perf_counter() - start
         requests = len(llm.bodies)
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1 and "gave up after 2 attempts" in err
-    assert requests == 2 and took < 3.0  # two 0.2 s tries, not 8 of 120 s
+    assert requests == 2 and took < 8.0  # two 0.2 s tries, not 8 of 120 s, nor one answer of 10 s
 
 
 def _scout_process(llm: ScriptedLLMServer, catalog_path: Path):
