@@ -110,15 +110,15 @@ def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:  # noqa: F811
 
 def engine_acceptance(server: VllmServer, prompts: list[tuple[str, list[int]]]) -> dict[str, Any]:
     """The engine's own figures: its /metrics counters across greedy completions of `prompts`, one at a time."""
-    from curator.engines.vllm import VllmSpecCounters
+    from curator.engines import vllm
 
-    before = VllmSpecCounters.from_metrics(server.metrics())
+    before = vllm.spec_counters(server.metrics())
     tokens = 0
     for _, ids in prompts:
         answer = server.post("/v1/completions", {"model": server.served_name, "prompt": ids, "max_tokens": MAX_NEW_TOKENS,
                                                  "temperature": 0.0, "return_token_ids": True})
         tokens += len(answer["choices"][0]["token_ids"])
-    counted = VllmSpecCounters.from_metrics(server.metrics()).minus(before)
+    counted = vllm.spec_counters(server.metrics()).minus(before)
     return {"acceptance_length": counted.acceptance_length, "per_position": counted.position_rates(),
             "drafts": counted.drafts, "tokens": tokens}
 

@@ -41,14 +41,14 @@ def bench_serve(spec: VllmServer, baseline: VllmServer, demo: Path, draft: Path,
     """`curator bench-serve --engine vllm`: the engine's own acceptance (its /metrics, read around the run
     here too) and real tokens/s of the spec server and the baseline server."""
     from curator.cli import main
-    from curator.engines.vllm import VllmSpecCounters
+    from curator.engines import vllm
 
     out = tmp / "bench.json"
-    before = VllmSpecCounters.from_metrics(spec.metrics())
+    before = vllm.spec_counters(spec.metrics())
     assert main(["bench-serve", "--engine", "vllm", "--endpoint", spec.url, "--baseline", baseline.url,
                  "--prompts", str(demo / "mix"), "--draft", str(draft), "--max-tokens", str(MAX_NEW_TOKENS),
                  "--concurrency", "1", "--json", str(out)]) == 0
-    counted = VllmSpecCounters.from_metrics(spec.metrics()).minus(before)
+    counted = vllm.spec_counters(spec.metrics()).minus(before)
     report = json.loads(out.read_text())
     figures = report["concurrency"]["1"]
     print(f"bench-serve: {figures}; the engine's counters over the run: {counted.acceptance_length}")
