@@ -13,7 +13,6 @@ from rich.progress import TextColumn
 
 from curator.errors import CatalogError, ConfigError, EndpointError
 from curator.http import DEFAULT_MAX_ANSWER_BYTES
-from curator.generate.progress import LiveProgress, short_endpoint
 from curator.ui import console, progress, summary_table
 
 if TYPE_CHECKING:  # the generate stage imports torch (token-exact rendering): only a run pays for it
@@ -34,6 +33,8 @@ def _parse_extra_body(text: Optional[str]) -> dict:
 
 def summary_rows(stats: GenerationStats) -> list[tuple[str, object]]:
     """Return the (what, value) rows of the end-of-run summary."""
+    from curator.generate.progress import short_endpoint  # the generate package loads torch: only a run pays
+
     rows: list[tuple[str, object]] = [
         ("run", stats.run_id),
         ("model", stats.model),
@@ -113,6 +114,7 @@ def generate_command(
         raise ConfigError(f"--{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}") from exc
     from curator.catalog import Catalog
     from curator.generate import generate
+    from curator.generate.progress import LiveProgress
 
     bar = progress(TextColumn("{task.fields[info]}"))
     with bar:
