@@ -57,8 +57,10 @@ def split_sources(files: list[tuple[str, str]], pool_share: float = 0.25, heldou
     return split
 
 
-def code_windows(tokenizer, texts: list[str], prefix_tokens: int, cont_tokens: int, n: int, seed: int) -> list[tuple[str, str]]:
-    """Return `n` (prefix, continuation) text pairs cut at random token offsets of `texts`."""
+def code_windows(tokenizer, texts: list[str], prefix_tokens: int, cont_tokens: int, n: int, seed: int,
+                 density: int = 1) -> list[tuple[str, str]]:
+    """Return `n` (prefix, continuation) text pairs cut at random token offsets of `texts`: one
+    window per 4 windows' worth of a text's tokens, `density` times as many where text is scarce."""
     rng = random.Random(seed)
     order = list(range(len(texts)))
     rng.shuffle(order)
@@ -70,7 +72,7 @@ def code_windows(tokenizer, texts: list[str], prefix_tokens: int, cont_tokens: i
         for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]:
             if len(ids) < need:
                 continue
-            for _ in range(max(1, len(ids) // (4 * need))):
+            for _ in range(max(1, density * len(ids) // (4 * need))):
                 off = rng.randrange(0, len(ids) - need + 1)
                 pairs.append(
                     (tokenizer.decode(ids[off : off + prefix_tokens]), tokenizer.decode(ids[off + prefix_tokens : off + need]))

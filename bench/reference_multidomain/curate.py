@@ -61,15 +61,19 @@ def pool_sources(rows_by_domain: dict[str, list[dict[str, Any]]], folder: Path) 
     return files, domain_of
 
 
-def _recipe(files: dict[str, Path], root: Path, name: str, total: int, decontaminate: Path) -> dict[str, Any]:
-    """Return a recipe whose quotas are uniform over the six domains (a category gets its domains' share)."""
-    per_domain = total / len(DOMAINS)
-    quotas = {cat: round(per_domain * len(POOL_SOURCES[cat])) for cat in files}
-    quotas[next(iter(quotas))] += total - sum(quotas.values())
+def _recipe(files: dict[str, Path], root: Path, name: str, total: int, decontaminate: Path,
+            shares: dict[str, float] | None = None) -> dict[str, Any]:
+    """Return a recipe whose quotas are uniform over the six domains (a category gets its domains'
+    share), or follow `shares` (category: share; a category without one is left out)."""
+    if shares is None:
+        shares = {cat: len(POOL_SOURCES[cat]) / len(DOMAINS) for cat in files}
+    total_share = sum(v for c, v in shares.items() if c in files and v > 0)
+    quotas = {cat: round(total * shares[cat] / total_share) for cat in files if shares.get(cat, 0) > 0}
+    quotas[max(quotas, key=lambda c: quotas[c])] += total - sum(quotas.values())
     return {
         "name": name, "seed": 0,
         "sources": [{"path": str(p.relative_to(root)), "name": cat, "format": "messages", "samples": quotas[cat],
-                     "category": cat} for cat, p in files.items()],
+                     "category": cat} for cat, p in files.items() if cat in quotas],
         "dedup": {"exact": True, "near": 0.85},
         "decontaminate": [{"path": str(decontaminate.relative_to(root)), "field": "prompt"}],
     }
@@ -95,15 +99,16 @@ def ablation_profile(profile_path: Path, how: str, files: dict[str, Path], out: 
 
 
 def build(files: dict[str, Path], root: Path, name: str, how: str, total: int, profile_path: Path,
-          decontaminate: Path, domain_of: dict[str, str]) -> dict[str, Any]:
+          decontaminate: Path, domain_of: dict[str, str], shares: dict[str, float] | None = None) -> dict[str, Any]:
     """Build one mix with `build-mix`'s library call (the command's own); return its ids, per-domain
-    counts, and the manifest's match and decontamination figures."""
+    counts, and the manifest's match and decontamination figures. `shares`: the recipe's category
+    shares (None: uniform over the domains); `how` "shares" builds that recipe without --match."""
     from curator.mix.build import build_mix
     from curator.mix.recipe import load_recipe
 
     recipe_path = root / f"recipe-{name}.yaml"
-    recipe_path.write_text(yaml.safe_dump(_recipe(files, root, name, total, decontaminate)), encoding="utf-8")
-    match = ablation_profile(profile_path, how, files, root / f"profile-{how}.json")
+    recipe_path.write_text(yaml.safe_dump(_recipe(files, root, name, total, decontaminate, shares)), encoding="utf-8")
+    match = None if how == "shares" else ablation_profile(profile_path, how, files, root / f"profile-{how}.json")
     t0 = time.perf_counter()
     manifest = build_mix(load_recipe(recipe_path), root / f"mix-{name}", match=match)
     seconds = time.perf_counter() - t0

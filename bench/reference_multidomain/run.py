@@ -89,16 +89,19 @@ def weighted(per_category: dict[str, float], shares: dict[str, float]) -> float 
     return sum(per_category[c] * s for c, s in common.items()) / total if total else None
 
 
-def prepare_data(args: argparse.Namespace, w: Path, tokenizer: Any, splits: dict) -> dict[str, Any]:
+def prepare_data(args: argparse.Namespace, w: Path, tokenizer: Any, splits: dict,
+                 pool_n: dict[str, int] | None = None, pool_density: dict[str, int] | None = None,
+                 traffic_density: int = 1) -> dict[str, Any]:
     """Write the pool's source files, the traffic sample, its held-out part (a mix, for generation and
-    capture) and the eval prompts; return what was written."""
+    capture) and the eval prompts; return what was written. `pool_n` / `pool_density`: candidates
+    per domain and how densely they are cut (code_windows), where a comparison needs more of one."""
     # as many candidates of every domain: a generic mix drawn at random is then uniform over domains
-    pool_n = {d: args.pool_per_domain for d in DOMAINS}
+    pool_n = {d: args.pool_per_domain for d in DOMAINS} | (pool_n or {})
     counts: dict[str, Any] = {"pool": {}, "traffic": {}}
     rows_by_domain = {}
     for i, d in enumerate(DOMAINS):
         prompts = [p for p, _ in code_windows(tokenizer, splits[d].pool, args.prefix_tokens, args.cont_tokens,
-                                               pool_n[d], seed=100 + i)]
+                                               pool_n[d], seed=100 + i, density=(pool_density or {}).get(d, 1))]
         rows_by_domain[d] = [{"id": f"{d}-{j:06d}", **request(d, p)} for j, p in enumerate(prompts)]
         counts["pool"][d] = len(prompts)
     sources, domain_of = pool_sources(rows_by_domain, w / "sources")
@@ -106,7 +109,7 @@ def prepare_data(args: argparse.Namespace, w: Path, tokenizer: Any, splits: dict
     for i, (d, share) in enumerate(TRAFFIC_MIX.items()):
         n = round(args.traffic * share)
         prompts = [p for p, _ in code_windows(tokenizer, splits[d].heldout, args.prefix_tokens, args.cont_tokens, n,
-                                               seed=200 + i)]
+                                               seed=200 + i, density=traffic_density)]
         traffic += [(d, request(d, p)) for p in prompts]
         counts["traffic"][d] = len(prompts)
     random.Random(7).shuffle(traffic)
