@@ -105,7 +105,7 @@ def main() -> int:
     from curator.hidden_vllm import server_command
     from tests.conftest import toy_corpus
     from tests.training.capture.test_hidden_states import conversation, write_gen
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
     from training.target.toy import build_target
     from training.train.config import TrainConfig
     from vllm_process import VllmServer

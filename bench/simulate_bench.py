@@ -37,7 +37,7 @@ from training.eagle3.model import DraftConfig, Eagle3Draft  # noqa: E402
 from training.eval.decode import DraftProposer, greedy_decode, load_target, render_prompt, speculative_decode  # noqa: E402
 from training.eagle3.objective import offline_metrics  # noqa: E402
 from training.eval.simulate import simulate_acceptance  # noqa: E402
-from training.storage.store import HiddenStateSample  # noqa: E402
+from training.storage.format import HiddenStateSample  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 from training.target.toy import build_target  # noqa: E402
 

@@ -307,7 +307,7 @@ def diagnose(draft: str | Path, target: str | Path | None = None, store: str | P
         checks.extend(check_target(layout, target_config))
     if store is not None:
         from training.errors import StoreError
-        from training.storage.store import HiddenStateStore
+        from training.storage.reader import HiddenStateStore
 
         try:
             meta = HiddenStateStore.open(store).meta

@@ -45,7 +45,7 @@ from curator.hidden_vllm import VllmExtractor, VllmOptions, api_key_from_env, lo
 from training.capture.hidden_states import PreparedSample
 from training.feed.engine import CaptureFactory, EngineFeedError
 from training.io.atomic import write_text
-from training.storage.store import HiddenStateSample, StoreMeta
+from training.storage.format import HiddenStateSample, StoreMeta
 from training.train.config import TrainConfig
 
 REQUEST_ID = contextvars.ContextVar[str | None]("curator_engine_request_id", default=None)

@@ -52,7 +52,8 @@ from curator import http
 from curator.engines import vllm
 from curator.errors import ConfigError, EndpointError
 from training.capture.hidden_states import ExtractStats, PreparedSample, prepare_samples
-from training.storage.store import HiddenStateSample, StoreMeta, StoreWriter
+from training.storage.format import HiddenStateSample, StoreMeta
+from training.storage.writer import StoreWriter
 from training.target.config import read_target_config
 
 LOCK_POLL_S = 0.01  # how often a reader retries the shared lock while the engine writes

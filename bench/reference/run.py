@@ -49,7 +49,7 @@ from training.io.atomic import write_text  # noqa: E402
 from training.eval.decode import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402
 from training.export.export import export_checkpoint  # noqa: E402
 from training.eagle3.load import load_draft  # noqa: E402
-from training.storage.store import HiddenStateStore  # noqa: E402
+from training.storage.reader import HiddenStateStore  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
 from training.eagle3.objective import offline_metrics  # noqa: E402

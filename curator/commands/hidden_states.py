@@ -219,7 +219,7 @@ def _print_server_command(
     from curator.hidden_vllm import layer_explanation, server_command
     from training.target.layers import check_layer_ids, default_aux_layers
     from training.capture.plan import load_shape
-    from training.storage.store import StoreMeta
+    from training.storage.format import StoreMeta
 
     if local is None:
         raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config.json")

@@ -440,7 +440,7 @@ class Demo:
 
         def fn() -> dict[str, Any]:
             from curator.capture import CaptureSettings, capture_hidden_states
-            from training.storage.store import HiddenStateStore
+            from training.storage.reader import HiddenStateStore
 
             capture_hidden_states(CaptureSettings(model=str(self.w / "target"), data=self.w / "gen",
                                                   out=self.w / "states"))

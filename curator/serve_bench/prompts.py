@@ -13,7 +13,7 @@ def held_out_rows(ids: list[str], draft_dir: Path) -> tuple[set[str], str]:
     """Return the row ids the draft never trained on, by the split its checkpoint recorded, and how."""
     from training.feed.batches import split_eval
     from training.eval.decode import held_out_split
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     split = held_out_split(draft_dir)
     if split.eval_store:

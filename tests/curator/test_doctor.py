@@ -196,7 +196,8 @@ def test_suggested_command_fixes_the_flags_and_keeps_the_rest(target: Path, good
 
 
 def write_store(root: Path, layer_ids: list[int], convention: str = "sglang-input") -> Path:
-    from training.storage.store import StoreMeta, StoreWriter
+    from training.storage.format import StoreMeta
+    from training.storage.writer import StoreWriter
 
     meta = StoreMeta(target="target", hidden_size=H, num_layers=LAYERS, vocab_size=VOCAB, aux_layer_ids=layer_ids,
                      layer_convention=convention, dtype="bf16", has_final=False)

@@ -46,7 +46,10 @@ from training.errors import ModelMismatchError, TrainingError
 from training.target.layers import CONVENTION, check_layer_ids, default_aux_layers
 from training.io.outlock import OutputBusyError, OutputLock
 from training.target.config import text_part
-from training.storage.store import HiddenStateSample, StoreMeta, StoreWriter, claim_store, merge_index, quantize_fp8
+from training.storage.format import HiddenStateSample, StoreMeta
+from training.storage.fp8 import quantize_fp8
+from training.storage.index import merge_index
+from training.storage.writer import StoreWriter, claim_store
 
 def text_config(config: Any) -> Any:
     """Return the language-model part of a (possibly multimodal) transformers config."""

@@ -24,7 +24,7 @@ from training.capture.hidden_states import (
     prepare_samples,
     store_meta,
 )
-from training.storage.store import HiddenStateSample, StoreMeta
+from training.storage.format import HiddenStateSample, StoreMeta
 
 
 class OnlineStates:

@@ -45,7 +45,8 @@ from training.errors import ModelMismatchError, TrainingError
 from training.feed.batches import split_eval
 from training.eagle3.objective import offline_metrics
 from training.eval.simulate import AcceptanceStats, TreeBuilder, default_draft_tokens, simulate_acceptance, traffic_weighted
-from training.storage.store import HiddenStateStore, read_index
+from training.storage.index import read_index
+from training.storage.reader import HiddenStateStore
 from training.target.head import TargetHead
 
 

@@ -21,7 +21,7 @@ from training.capture.hidden_states import (
     store_meta,
 )
 from training.target.layers import default_aux_layers
-from training.storage.store import HiddenStateStore
+from training.storage.reader import HiddenStateStore
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -310,7 +310,8 @@ def test_gpu_bench_logic_runs_tiny_on_cpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_async_host_copy_matches_a_plain_copy(dtype: str) -> None:
     from training.capture.hidden_states import CapturedStates, HostCopier
-    from training.storage.store import StoreMeta, quantize_fp8
+    from training.storage.format import StoreMeta
+    from training.storage.fp8 import quantize_fp8
 
     g = torch.Generator(device="cuda").manual_seed(0)
     aux = torch.randn(2, 16, 3 * 32, device="cuda", generator=g, dtype=torch.bfloat16)

@@ -219,7 +219,8 @@ def test_prompt_file_counts_malformed_lines(tmp_path: Path) -> None:
 
 def write_store(model, tokenizer, root: Path, n: int = 12) -> Path:
     """A hidden-state store captured from the tiny target at AUX_IDS (answers = the target's greedy)."""
-    from training.storage.store import HiddenStateSample, StoreMeta, StoreWriter
+    from training.storage.format import HiddenStateSample, StoreMeta
+    from training.storage.writer import StoreWriter
 
     meta = StoreMeta(target="tiny", hidden_size=model.config.hidden_size, num_layers=model.config.num_hidden_layers,
                      vocab_size=model.config.vocab_size, aux_layer_ids=AUX_IDS, dtype="bf16", has_final=True)
@@ -256,7 +257,7 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
 def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
     from training.eval.decode import held_out_split, offline_estimate
     from training.eagle3.load import load_draft
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
     from training.feed.batches import split_eval
 
     model, tokenizer = target
@@ -288,7 +289,7 @@ def test_estimate_on_the_training_store_of_a_run_with_a_separate_held_out_store_
 def test_a_hash_split_carries_over_to_another_store_by_sample_id(target, tiny_target: Path, tmp_path: Path) -> None:
     from training.feed.batches import split_eval
     from training.eval.decode import held_out_split
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     model, tokenizer = target
     store = write_store(model, tokenizer, tmp_path / "store", n=8)

@@ -24,7 +24,7 @@ from training.errors import TrainingError
 from training.eval.decode import (DraftProposer, EvalPrompt, Sampling, evaluate, render_prompt,
                                speculative_decode)
 from training.eval.simulate import AcceptanceStats, simulate_acceptance
-from training.storage.store import HiddenStateSample
+from training.storage.format import HiddenStateSample
 
 STEPS = 3
 # The tiny target is random-init: its logits spread over ~0.15, so T=0.04 makes a peaked but not

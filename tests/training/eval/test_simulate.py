@@ -24,7 +24,7 @@ from training.eval.simulate import (
     simulated_eval,
     walk_cycles,
 )
-from training.storage.store import HiddenStateSample
+from training.storage.format import HiddenStateSample
 
 STEPS = 3
 MAX_NEW = 24

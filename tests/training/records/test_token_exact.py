@@ -191,7 +191,7 @@ def test_hidden_states_and_plan_read_the_stored_ids_and_say_which_mode_made_each
 
 def test_the_store_records_which_mode_made_each_sample(tmp_path: Path, tiny_target: Path) -> None:
     from training.capture.hidden_states import extract, load_target, store_meta
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     model, tok = load_target(tiny_target, "cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "def value"}], tokenize=True,
