@@ -533,7 +533,8 @@ class Demo:
             from curator.evaluation.measure import measure
             from curator.mix.prompts import mix_prompts
             from curator.evaluation.weighting import eval_weights
-            from training.eval.decode import held_out_split, load_target
+            from training.eval.evaluate import load_target
+            from training.eval.prompts import held_out_split
             from training.eagle3.load import load_draft
 
             chosen, _ = mix_prompts(prompts)
