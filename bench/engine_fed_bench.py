@@ -129,7 +129,7 @@ def main() -> int:
     # so both runs train the same batches in the same order
     assert curator(["hidden-states", "--backend", "vllm", "--print-server-command", "--model", str(target),
                     "--shared-dir", str(shared)]) == 0
-    from training.capture.hidden_states import store_meta
+    from training.capture.prepare import store_meta
     from training.target.config import read_target_config
     from transformers import AutoTokenizer
 

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 
-from training.capture.hidden_states import BackgroundWriter, HostCopier, capture_batch, sample_finite  # noqa: E402
+from training.capture.forward import capture_batch, sample_finite  # noqa: E402
+from training.capture.host import BackgroundWriter, HostCopier  # noqa: E402
 from training.target.layers import default_aux_layers  # noqa: E402
 from training.storage.format import HiddenStateSample, StoreMeta, bytes_per_token  # noqa: E402
 from training.storage.writer import StoreWriter  # noqa: E402

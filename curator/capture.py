@@ -16,7 +16,9 @@ from typing import Any
 from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
 from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
-from training.capture.hidden_states import ExtractStats, merge_index, store_meta
+from training.capture.prepare import store_meta
+from training.capture.stats import ExtractStats
+from training.storage.index import merge_index
 from training.capture.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
 from training.storage.format import StoreMeta
 from training.storage.index import read_index

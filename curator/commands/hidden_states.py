@@ -15,7 +15,7 @@ from curator.ui import console, human_bytes, progress, quiet_library_progress, r
 
 if TYPE_CHECKING:  # the model side imports torch: only a command that runs pays for it
     from training.records.chat_tokens import GenerationReadStats
-    from training.capture.hidden_states import ExtractStats
+    from training.capture.stats import ExtractStats
     from training.capture.plan import DiskPlan
 
 

@@ -40,7 +40,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from training.capture.hidden_states import ExtractStats, PreparedSample, prepare_samples, store_meta
+from training.capture.prepare import PreparedSample, prepare_samples, store_meta
+from training.capture.stats import ExtractStats
 from training.errors import TrainingError
 from training.records.chat_tokens import GenerationReadStats, iter_generation
 from training.storage.format import HiddenStateSample, StoreMeta, bytes_per_token

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.capture.hidden_states import PreparedSample
+from training.capture.prepare import PreparedSample
 from training.errors import TrainingError
 from training.feed.engine import EngineFeedError, EngineStates, SampleCache, parse_bytes, sample_bytes
 from training.storage.format import HiddenStateSample, StoreMeta
