@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.eagle3.layouts.base import provenance
 from training.errors import TrainingError
 from training.feed.batches import split_eval
 from training.storage.index import read_index
@@ -147,15 +148,18 @@ def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
     """
     config_path = Path(draft_dir) / "config.json"
     try:
-        provenance = json.loads(config_path.read_text(encoding="utf-8")).get("curator") or {}
-    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise TypeError("not a JSON object")
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
         raise TrainingError(f"{config_path} is unreadable ({exc}); re-export the draft with curator export") from None
-    ckpt = str(provenance.get("checkpoint") or "")
+    record = provenance(config)
+    ckpt = str(record.get("checkpoint") or "")
     try:
         meta = json.loads((Path(ckpt) / "meta.json").read_text(encoding="utf-8")) if ckpt else {}
     except (OSError, json.JSONDecodeError):
         meta = {}
-    split = provenance.get("split") or meta.get("split")
+    split = record.get("split") or meta.get("split")
     if not isinstance(split, dict):  # checkpoints written before the split was recorded on its own
         cfg = meta.get("train_config")
         split = {"eval_data": cfg.get("eval_data") or "", "eval_fraction": cfg.get("eval_fraction")} if isinstance(cfg, dict) else None
