@@ -113,7 +113,7 @@ def _init_worker(ctx: dict[str, Any]) -> None:
 
 def _target() -> tuple[Any, Any]:
     if "target" not in _CTX:
-        from training.eval.decode import load_target
+        from training.eval.evaluate import load_target
 
         _CTX["target"] = load_target(_CTX["target_dir"], device=_CTX["device"], dtype=torch.float32)
     return _CTX["target"]
@@ -181,7 +181,9 @@ def _train_job(job: Job) -> dict[str, Any]:
 
 def _greedy_job(job: Job) -> dict[str, Any]:
     """Decode every eval prompt greedily once: each draft's measurement compares against these."""
-    from training.eval.decode import eos_token_ids, greedy_decode, render_prompt
+    from training.eval.decode import greedy_decode
+    from training.eval.evaluate import eos_token_ids
+    from training.eval.prompts import render_prompt
 
     target, tok = _target()
     eos = eos_token_ids(target, tok)
@@ -198,10 +200,9 @@ def _greedy_job(job: Job) -> dict[str, Any]:
 
 def _measure_job(job: Job) -> dict[str, Any]:
     """Export one checkpoint and measure it with `curator eval`'s speculative decoding on the eval prompts."""
-    import inspect
-
     from training.eagle3.load import load_draft
-    from training.eval.decode import DraftProposer, evaluate
+    from training.eval.evaluate import evaluate
+    from training.eval.proposers import DraftProposer
     from training.eval.simulate import traffic_weighted
     from training.export.export import export_checkpoint
 
@@ -214,9 +215,7 @@ def _measure_job(job: Job) -> dict[str, Any]:
     target, tok = _target()
     cuda = c["device"] == "cuda"
     model = load_draft(export, w / "target").to(torch.bfloat16 if cuda else torch.float32).to(c["device"])
-    extra = {}
-    if p.get("greedy") is not None and "greedy" in inspect.signature(evaluate).parameters:
-        extra["greedy"] = p["greedy"]
+    extra = {"greedy": p["greedy"]} if p.get("greedy") is not None else {}
     report = evaluate(target, tok, DraftProposer(model), c["eval_prompts"], steps=c["ttt_steps"],
                       max_new_tokens=c["eval_new_tokens"], tie_margin=1e-2 if cuda else 1e-4, **extra)
     measured = {k: round(s.acceptance_length, 4) for k, s in report.categories.items() if s.forwards}
@@ -357,10 +356,9 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                                          for a in args.arms}}
 
     from training.capture import hidden_states
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
     from training.target.toy import train_tokenizer
     from curator.generate import GenerateConfig, generate
-    from bench.reference.run import write_mix
 
     with timer("data"):
         budget = {d: args.domain_bytes * (args.prose_bytes_factor if d == "prose" else 1) for d in DOMAINS}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,7 @@ def evaluate(
     tie_margin: float = 1e-4,
     on_prompt: Callable[[PromptRecord], None] | None = None,
     sampling: Sampling | None = None,
+    greedy: Mapping[str, GreedyResult] | None = None,
 ) -> EvalReport:
     """Return acceptance statistics of speculative decoding over `prompts`, each checked against greedy.
 
@@ -136,6 +137,10 @@ def evaluate(
     which batched and one-token forwards may break differently); such prompts are counted as
     ties and compared up to the divergence. With `sampling` the target samples (each prompt from
     its own seeded generator) and there is no greedy reference to compare with.
+
+    `greedy`: the target's greedy decodes by prompt id, made once (greedy_decode, the same
+    `max_new_tokens`) for several drafts measured on the same prompts; a prompt missing from it is
+    decoded here. A decode that fits another token budget is refused (TrainingError).
     """
     eos = eos_token_ids(target, tokenizer)
     max_pos = int(getattr(target.config, "max_position_embeddings", 0) or 0)
@@ -153,16 +158,19 @@ def evaluate(
         if max_pos and len(ids) + max_new_tokens + steps + 1 > max_pos:
             report.skip("too long for the target's context")
             continue
-        greedy = greedy_decode(target, ids, max_new_tokens, eos) if sampling is None else None
+        reference = None
+        if sampling is None:
+            reference = _cached_greedy(greedy, prompt.id, max_new_tokens, eos) or greedy_decode(
+                target, ids, max_new_tokens, eos)
         t0 = time.perf_counter()
         spec = speculative_decode(target, proposer, ids, steps=steps, topk=topk, max_new_tokens=max_new_tokens,
                                   eos_ids=eos, sampling=sampling,
                                   generator=sampling.generator(target.device, prompt.id) if sampling else None)
         report.spec_s += time.perf_counter() - t0
         report.draft_s += spec.draft_s
-        if greedy is not None:
-            report.greedy_s += greedy.seconds
-            match = _compare(prompt.id, spec.tokens, greedy, tie_margin)
+        if reference is not None:
+            report.greedy_s += reference.seconds
+            match = _compare(prompt.id, spec.tokens, reference, tie_margin)
             report.ties += match != "exact"
         else:
             match = "sampled"
@@ -177,6 +185,20 @@ def evaluate(
         if on_prompt is not None:
             on_prompt(record)
     return report
+
+
+def _cached_greedy(cache: Mapping[str, GreedyResult] | None, prompt_id: str, max_new_tokens: int,
+                   eos: set[int]) -> GreedyResult | None:
+    """Return the cached greedy decode of a prompt (None: not cached), refusing one made for
+    another token budget: it must stop at the budget or at an end-of-sequence token before it."""
+    found = (cache or {}).get(prompt_id)
+    if found is None:
+        return None
+    n = len(found.tokens)
+    if n > max_new_tokens or (n < max_new_tokens and not (found.tokens and found.tokens[-1] in eos)):
+        raise TrainingError(f"the cached greedy decode of prompt {prompt_id!r} has {n} tokens: it was not made "
+                            f"with max_new_tokens={max_new_tokens}")
+    return found
 
 
 def offline_estimate(

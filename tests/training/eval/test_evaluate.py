@@ -371,3 +371,46 @@ def test_divergence_at_a_declared_tie_is_counted_not_fatal(target, prompts) -> N
     report = evaluate(NoisyVerifier(model), tokenizer, GreedyOracle(model), prompts[:1], steps=STEPS,
                       max_new_tokens=MAX_NEW, tie_margin=float("inf"))
     assert report.ties == 1 and report.prompts[0].greedy_match.startswith("tie@")
+
+
+def test_greedy_decodes_made_once_give_the_same_report_and_skip_the_target_s_greedy_pass(target, prompts) -> None:
+    """Several drafts measured on the same prompts share one greedy pass (bench/reference_multidomain/fair.py)."""
+    from training.eval.evaluate import eos_token_ids
+
+    model, tokenizer = target
+    draft = DraftProposer(random_draft(model, seed=2))
+    eos = eos_token_ids(model, tokenizer)
+    cache = {p.id: greedy_decode(model, render_prompt(tokenizer, p.messages), MAX_NEW, eos) for p in prompts[1:]}
+    forwards: list[int] = []
+
+    class Counting(torch.nn.Module):  # the target, counting its forwards
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.config, self.generation_config = model, model.config, model.generation_config
+
+        @property
+        def device(self):
+            return self.model.device
+
+        def forward(self, input_ids, **kwargs):
+            forwards.append(input_ids.shape[1])
+            return self.model(input_ids=input_ids, **kwargs)
+
+    plain = evaluate(Counting(), tokenizer, draft, prompts, steps=STEPS, max_new_tokens=MAX_NEW, tie_margin=0.0)
+    n_plain, forwards[:] = len(forwards), []
+    cached = evaluate(Counting(), tokenizer, draft, prompts, steps=STEPS, max_new_tokens=MAX_NEW, tie_margin=0.0,
+                      greedy=cache)
+    assert [p.acceptance_length for p in cached.prompts] == [p.acceptance_length for p in plain.prompts]
+    assert [p.greedy_match for p in cached.prompts] == [p.greedy_match for p in plain.prompts]
+    assert cached.overall.acceptance_length == plain.overall.acceptance_length
+    # greedy decoding makes one forward per token: the cached prompts' forwards were not made again
+    assert n_plain - len(forwards) == sum(len(g.tokens) for g in cache.values()) > 0
+
+
+def test_a_greedy_decode_made_for_another_token_budget_is_refused(target, prompts) -> None:
+    model, tokenizer = target
+    ids = render_prompt(tokenizer, prompts[0].messages)
+    short = greedy_decode(model, ids, MAX_NEW // 2, set())
+    with pytest.raises(TrainingError, match="max_new_tokens"):
+        evaluate(model, tokenizer, DraftProposer(random_draft(model)), prompts[:1], steps=STEPS,
+                 max_new_tokens=MAX_NEW, greedy={prompts[0].id: short})
