@@ -34,13 +34,13 @@ POOL_SOURCES = {cat: [d for d in DOMAINS if CATEGORY[d] == cat] for cat in dict.
 
 
 def profile(traffic: Path, out: Path) -> Any:
-    """Run `curator profile --traffic FILE --out PROFILE.json`; return the profile it wrote."""
-    from curator.cli import main as curator_main
+    """Profile the traffic as `curator profile --traffic FILE --out PROFILE.json` does (its library
+    calls, without the console: the GPU image's typer cannot render this CLI's help types); return
+    the profile it wrote."""
+    from curator.traffic.profile import build_profile, write_profile
     from curator.traffic.schema import load_profile
 
-    code = curator_main(["profile", "--traffic", str(traffic), "--out", str(out)])
-    if code:
-        raise SystemExit(f"curator profile exited {code}")
+    write_profile(build_profile(traffic), out)
     return load_profile(out)
 
 
