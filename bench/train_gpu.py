@@ -371,7 +371,8 @@ def profile_step(path: str, shape: Shape, dev: torch.device, peak: float, out_di
         step()
     _sync(dev)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    # input shapes recorded: the op table by shape says which tensors the copies, casts and sums are of
+    with profile(activities=activities, record_shapes=True) as prof:
         t0 = time.perf_counter()
         step()
         _sync(dev)
@@ -412,6 +413,13 @@ def profile_step(path: str, shape: Shape, dev: torch.device, peak: float, out_di
         except Exception as exc:  # noqa: BLE001  (the table is a record only)
             table = f"(no table: {exc})"
         (out_dir / f"profile-{path}.txt").write_text(table)
+        try:
+            by_shape = prof.key_averages(group_by_input_shape=True).table(
+                sort_by="self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total", row_limit=80,
+                max_name_column_width=60, max_shapes_column_width=120)
+        except Exception as exc:  # noqa: BLE001  (the table is a record only)
+            by_shape = f"(no table: {exc})"
+        (out_dir / f"profile-{path}-shapes.txt").write_text(by_shape)
     del draft, head, params, opt, step, prof
     _release(dev)
     return result

@@ -334,7 +334,7 @@ def draft_plan(args: argparse.Namespace, built: dict[str, Any], union_ids: set[s
         from bench.eagle31_variants import VARIANTS
 
         for name in args.variants:
-            for size in args.sizes:
+            for size in args.variant_sizes or args.sizes:
                 add(f"matched-{size}+{name}-s{args.seeds[0]}", "matched", size, f"matched-{size}", args.seeds[0],
                     prio=40, variant=name, options=VARIANTS[name])
     return plan
@@ -440,7 +440,7 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
     by_tag = {d["tag"]: d for d in plan}
     greedy: dict[str, Any] | None = None
     waiting_greedy: list[Job] = []
-    sched.add(Job("greedy", "eval-prompts", -1))
+    sched.add(Job("greedy", "eval-prompts", 44 if args.train_first else -1))
     for d in plan:
         size_key = f"train-{min(args.sizes, key=lambda n: abs(n - len(d['ids'])))}"
         sched.add(Job("train", d["tag"], d["priority"], {"ids": d["ids"], "seed": d["seed"], "options": d["options"],
@@ -463,7 +463,8 @@ def run(args: argparse.Namespace, save: Any = None) -> dict[str, Any]:
                 elif job.kind == "train":
                     d = by_tag[job.tag]
                     rows[job.tag] = draft_row(d, res, category_of, args)
-                    end_prio = d["priority"] + 0.5
+                    # --train-first: every draft's simulated curve before any measurement
+                    end_prio = (45 + d["priority"] / 100) if args.train_first else d["priority"] + 0.5
                     points = [("end", res["final_checkpoint"], end_prio)]
                     if res["best_checkpoint"] and res["best"]["steps"] != res["train_steps"]:
                         points.append(("best", res["best_checkpoint"], 50 + d["priority"] / 100))
@@ -657,6 +658,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fractions", default="0.125,0.25,0.5", help="the matched small mix's nested subsets (seed 0)")
     p.add_argument("--variants", default="", help="EAGLE-3.1 norm variants on the matched mixes, seed 0 "
                    "(bench/eagle31_variants.py VARIANTS, comma-separated)")
+    p.add_argument("--variant-sizes", default="", help="the sizes the variants train at (default: --sizes)")
+    p.add_argument("--train-first", action="store_true",
+                   help="train every draft (seeds, then variants) before measuring any (greedy pass included)")
     p.add_argument("--gen-batch", type=int, default=512)
     p.add_argument("--ttt-steps", type=int, default=4)
     p.add_argument("--epochs", type=int, default=8)
@@ -684,6 +688,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.arms = [a for a in str(args.arms).split(",") if a] if isinstance(args.arms, str) else args.arms
     args.fractions = [float(x) for x in str(args.fractions).split(",") if x] if isinstance(args.fractions, str) else args.fractions
     args.variants = [v for v in str(args.variants).split(",") if v] if isinstance(args.variants, str) else args.variants
+    args.variant_sizes = ([int(x) for x in str(args.variant_sizes).split(",") if x]
+                          if isinstance(args.variant_sizes, str) else args.variant_sizes)
     unknown = set(args.arms) - set(ARMS)
     if unknown:
         p.error(f"unknown arms {sorted(unknown)} (known: {', '.join(ARMS)})")
