@@ -614,9 +614,11 @@ def findings(rows: dict[str, Any], args: Any) -> dict[str, Any]:
                                              and r.get("fraction", 1) == 1 and r.get("stopped_at_epoch") is not None])
                                for cell in sorted({f"{r['arm']}-{r['size']}" for r in rows.values()})}
     variants: dict[str, Any] = {}
+    # the variants' seed (the first seed of the run that trained them): "plain" is the matched draft of that seed
+    v_seeds = {r["seed"] for r in rows.values() if r.get("variant")}
+    v_seed = min(v_seeds) if v_seeds else (args["seeds"] if isinstance(args, dict) else args.seeds)[0]
     for tag, row in rows.items():
-        if row.get("arm") == "matched" and row.get("fraction", 1) == 1 and row.get("seed") == (
-                args["seeds"] if isinstance(args, dict) else args.seeds)[0]:
+        if row.get("arm") == "matched" and row.get("fraction", 1) == 1 and row.get("seed") == v_seed:
             name = row.get("variant") or "plain"
             variants.setdefault(str(row["size"]), {})[name] = {
                 "measured_weighted": row.get("measured_weighted"), "simulated_weighted": row.get("simulated_weighted"),
@@ -675,6 +677,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-after-s", type=float, default=None, help="start no job that would end past this many seconds")
     p.add_argument("--build-workers", type=int, default=6)
     p.add_argument("--findings-from", default=None, help="print the findings of a saved run's JSON")
+    p.add_argument("--combine", nargs="+", default=None, metavar="RUN_JSON",
+                   help="with --out: one JSON of several runs' drafts, refused unless their targets, profiles and "
+                        "mixes are the same (weights hash, shares, per-domain rows)")
     args = p.parse_args(argv)
     if args.tiny:
         args.target_seconds, args.domain_bytes, args.vocab, args.hidden, args.layers = 3.0, 150_000, 384, 64, 4
@@ -723,8 +728,47 @@ def print_tables(results: dict[str, Any]) -> None:
         print("skipped:", json.dumps(results["skipped"]))
 
 
+def combine(paths: list[str]) -> dict[str, Any]:
+    """Return one run's JSON holding the drafts of `paths` (runs of the same set-up: the same target
+    weights, profile and mixes, which is checked), each draft tagged with the run it came from."""
+    runs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    base = runs[0]
+    out = {**base, "drafts": {}, "skipped": {}, "combined_from": []}
+    for path, run in zip(paths, runs):
+        same = {"target": run["target"]["weights_sha256"] == base["target"]["weights_sha256"],
+                "profile": run["profile"] == base["profile"], "data": run["data"] == base["data"],
+                "mixes": all(run["mixes"][k]["domains"] == base["mixes"][k]["domains"]
+                             for k in run["mixes"] if k in base["mixes"])}
+        if not all(same.values()):
+            raise SystemExit(f"{path} is not the same set-up as {paths[0]}: {same}")
+        clash = set(run["drafts"]) & set(out["drafts"])
+        if clash:
+            raise SystemExit(f"{path} repeats drafts {sorted(clash)}")
+        out["drafts"].update({t: {**r, "run": Path(path).name} for t, r in run["drafts"].items()})
+        out["skipped"].update({f"{Path(path).name}:{k}": v for k, v in run.get("skipped", {}).items()})
+        out["combined_from"].append({"file": Path(path).name, "settings": run["settings"], "total_s": run.get("total_s"),
+                                     "elapsed_s": run.get("elapsed_s"), "partial": run.get("partial", False),
+                                     "stages_s": run.get("stages_s"), "jobs": run.get("jobs")})
+    # a draft one run skipped and another trained is not missing
+    out["skipped"] = {k: v for k, v in out["skipped"].items()
+                      if not (k.split(":")[1] == "train" and k.split(":")[2] in out["drafts"])}
+    out["settings"] = {**base["settings"], "seeds": sorted({r["seed"] for r in out["drafts"].values()}),
+                       "arms": sorted({r["arm"] for r in out["drafts"].values()})}
+    out.pop("partial", None)
+    out["findings"] = findings(out["drafts"], out["settings"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.combine:
+        from training.io.atomic import write_text
+
+        combined = combine(args.combine)
+        if args.out:
+            write_text(args.out, json.dumps(combined, default=str) + "\n")
+        print_tables(combined)
+        return 0
     if args.findings_from:
         saved = json.loads(Path(args.findings_from).read_text(encoding="utf-8"))
         saved["findings"] = findings(saved["drafts"], saved["settings"])

@@ -76,3 +76,27 @@ def test_fair_runs_at_toy_size_and_keeps_the_forecast_s_format(tmp_path: Path) -
     again = findings(drafts, results["settings"])
     assert again["simulated_best"] == f["simulated_best"]
     assert main(["--findings-from", str(out)]) == 0
+
+
+def test_combine_pools_runs_of_one_set_up_and_refuses_another(tmp_path: Path) -> None:
+    from bench.reference_multidomain.fair import combine
+
+    def run(name: str, sha: str, drafts: dict) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            "settings": {"sizes": [2, 8], "seeds": [0], "arms": ["matched"]}, "target": {"weights_sha256": sha},
+            "profile": {"shares": {"code": 1.0}}, "data": {"pool": 1}, "mixes": {"matched-2": {"domains": {"python": 2}}},
+            "drafts": drafts, "skipped": {"train:matched-2-s1": "not started"}}))
+        return str(path)
+
+    row = lambda seed, v: {"arm": "matched", "size": 2, "seed": seed, "fraction": 1.0, "variant": None,  # noqa: E731
+                           "simulated_weighted": v, "measured_weighted": None, "stopped_at_epoch": 1.0,
+                           "best": {"simulated_weighted": v}}
+    a = run("a.json", "x", {"matched-2-s0": row(0, 2.0)})
+    b = run("b.json", "x", {"matched-2-s1": row(1, 2.2)})
+    out = combine([a, b])
+    assert out["settings"]["seeds"] == [0, 1] and out["drafts"]["matched-2-s1"]["run"] == "b.json"
+    assert out["findings"]["simulated_end"]["cells"]["matched"]["2"]["mean"] == pytest.approx(2.1)
+    assert "a.json:train:matched-2-s1" not in out["skipped"]  # trained by the other run
+    with pytest.raises(SystemExit, match="not the same set-up"):
+        combine([a, run("c.json", "y", {"matched-2-s2": row(2, 2.0)})])
