@@ -24,6 +24,7 @@ from training.eagle3.model import DraftConfig
 from training.eagle3.weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
 from training.eagle3.layouts import FORMATS, ExportSource, layout_named
+from training.io.diskspace import named_disk_full
 from training.io.outlock import OutputLock
 from training.io.publish import Publisher
 from training.target.config import read_target_config
@@ -127,7 +128,8 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
         pub = publisher(out)
         pub.remove_stale()  # under the lock: no live export of `out` owns any of them; may restore `out`
         _check_replaceable(out)
-        with pub.staged() as stage:
+        # a full disk is said as such ("disk full at OUT: N bytes free"), and the staging folder goes with it
+        with named_disk_full(out), pub.staged() as stage:
             save_file(weights, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
             (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
     return out

@@ -325,3 +325,17 @@ def test_an_sglang_export_for_a_target_class_sglang_does_not_know_is_refused(run
     with pytest.raises(ModelMismatchError, match="not in SGLang 0.5.23's model registry"):
         export_checkpoint(ckpt, tmp_path / "sg", fmt="sglang")
     assert export_checkpoint(ckpt, tmp_path / "spec", fmt="speculators").is_dir()  # vLLM reads ids as inputs
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_an_export_on_a_full_disk_says_so_and_leaves_nothing(run_dir: Path, tmp_path: Path, fmt: str) -> None:
+    # issue 38 item 11: it said "unexpected SafetensorError ... No space left on device ... please report it"
+    from tests.reliability.test_reliability_diskfull import _assert_disk_full, _small_disk_works, on_small_disk
+
+    if not _small_disk_works():
+        pytest.skip("needs unshare -rm and tmpfs mounts")
+    disk = tmp_path / "disk"
+    rc, err, left = on_small_disk("64k", disk, sys.executable, "-m", "curator", "export", "--checkpoint", str(run_dir),
+                                  "--format", fmt, "--out", str(disk / "draft"))
+    _assert_disk_full(rc, err, disk / "draft")
+    assert "unexpected" not in err and ".tmp" not in left and "draft" not in left.replace(str(disk), "")
