@@ -17,8 +17,7 @@ from typing import Any
 
 import httpx
 
-from serving_fixtures import (  # noqa: F401  (fixtures)
-    STEPS, demo, engine_acceptance, heldout_prompt_ids, logs, toolkit_acceptance, vllm_env)
+from serving_fixtures import STEPS, engine_acceptance, heldout_prompt_ids, toolkit_acceptance
 from vllm_process import ServerFailed, VllmServer
 
 
@@ -53,7 +52,7 @@ def last_error(log: str) -> str:
     return (lines[-1] if lines else log.splitlines()[-1] if log else "")[-400:]
 
 
-def cases(demo: Path, tmp: Path) -> dict[str, tuple[Path, dict[str, Any]]]:  # noqa: F811
+def cases(demo: Path, tmp: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Mistaken launches: name -> (the draft folder, its --speculative-config)."""
     export = demo / "export"
     n = json.loads((demo / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -71,7 +70,7 @@ def cases(demo: Path, tmp: Path) -> dict[str, tuple[Path, dict[str, Any]]]:  # n
     }
 
 
-def test_every_mistake_the_doctor_names_is_one_for_the_engine(demo: Path, logs: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_every_mistake_the_doctor_names_is_one_for_the_engine(demo: Path, logs: Path, tmp_path: Path) -> None:
     from curator.doctor import diagnose
 
     prompts = heldout_prompt_ids(demo)

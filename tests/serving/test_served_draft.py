@@ -13,22 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from serving_fixtures import (  # noqa: F401  (fixtures)
-    MAX_NEW_TOKENS, STEPS, demo, engine_acceptance, heldout_prompt_ids, logs, spec_args, speculators_export,
-    target_server, toolkit_acceptance, vllm_env)
+from serving_fixtures import MAX_NEW_TOKENS, STEPS, engine_acceptance, heldout_prompt_ids, spec_args, toolkit_acceptance
 from vllm_process import VllmServer, start_or_fail
 
-@pytest.mark.parametrize("layout", ["sglang", "speculators"])
-def test_engine_acceptance_equals_curator_eval(layout: str, demo: Path, speculators_export: Path,  # noqa: F811
-                                               logs: Path, target_server: VllmServer, tmp_path: Path) -> None:  # noqa: F811
-    draft = demo / "export" if layout == "sglang" else speculators_export
+
+def test_sglang_layout_engine_acceptance_equals_curator_eval(demo: Path, spec_server: VllmServer) -> None:
+    check_acceptance("sglang", demo / "export", spec_server, demo)
+
+
+def test_speculators_layout_engine_acceptance_equals_curator_eval(demo: Path, speculators_export: Path,
+                                                                  logs: Path) -> None:
+    with start_or_fail(VllmServer(demo / "target", logs, spec_args(speculators_export), max_num_seqs=2)) as server:
+        check_acceptance("speculators", speculators_export, server, demo)
+
+
+def check_acceptance(layout: str, draft: Path, server: VllmServer, demo: Path) -> None:
     prompts = heldout_prompt_ids(demo)
     assert len(prompts) >= 4
     ours = toolkit_acceptance(demo, draft)
-    with start_or_fail(VllmServer(demo / "target", logs, spec_args(draft), max_num_seqs=2)) as server:
-        engine = engine_acceptance(server, prompts)
-        if layout == "sglang":
-            bench_serve(server, target_server, demo, draft, tmp_path)
+    engine = engine_acceptance(server, prompts)
     print(f"{layout}: engine {engine}, curator eval {ours}")
     assert engine["tokens"] == ours["tokens"]  # the same greedy outputs, token for token in number
     assert engine["acceptance_length"] == pytest.approx(ours["acceptance_length"], rel=0.02)
@@ -37,18 +40,21 @@ def test_engine_acceptance_equals_curator_eval(layout: str, demo: Path, speculat
         assert got == pytest.approx(want, abs=0.02)
 
 
-def bench_serve(spec: VllmServer, baseline: VllmServer, demo: Path, draft: Path, tmp: Path) -> None:  # noqa: F811
+def test_bench_serve_reports_the_engines_acceptance_and_tokens_per_s(demo: Path, spec_server: VllmServer,
+                                                                      target_server: VllmServer,
+                                                                      tmp_path: Path) -> None:
     """`curator bench-serve --engine vllm`: the engine's own acceptance (its /metrics, read around the run
     here too) and real tokens/s of the spec server and the baseline server."""
     from curator.cli import main
     from curator.engines import vllm
 
-    out = tmp / "bench.json"
-    before = vllm.spec_counters(spec.metrics())
-    assert main(["bench-serve", "--engine", "vllm", "--endpoint", spec.url, "--baseline", baseline.url,
+    draft = demo / "export"
+    out = tmp_path / "bench.json"
+    before = vllm.spec_counters(spec_server.metrics())
+    assert main(["bench-serve", "--engine", "vllm", "--endpoint", spec_server.url, "--baseline", target_server.url,
                  "--prompts", str(demo / "mix"), "--draft", str(draft), "--max-tokens", str(MAX_NEW_TOKENS),
                  "--concurrency", "1", "--json", str(out)]) == 0
-    counted = vllm.spec_counters(spec.metrics()).minus(before)
+    counted = vllm.spec_counters(spec_server.metrics()).minus(before)
     report = json.loads(out.read_text())
     figures = report["concurrency"]["1"]
     print(f"bench-serve: {figures}; the engine's counters over the run: {counted.acceptance_length}")
