@@ -61,3 +61,17 @@ def engine_acceptance(server: VllmServer, prompts: list[tuple[str, list[int]]]) 
             "drafts": counted.drafts, "tokens": tokens}
 
 
+
+
+# ---------------------------------------------------------------- sampled verification: the noise of two samples
+
+
+def ratio_and_se(clusters: list[tuple[float, float]]) -> tuple[float, float]:
+    """Return (sum of x / sum of d, its standard error) over clusters (d_i, x_i): here one sequence's
+    drafts and accepted tokens. The error is the cluster-robust (delta-method) one of a ratio
+    estimator, so drafts of one sequence may depend on each other; sequences are independent draws."""
+    n = len(clusters)
+    d = sum(c[0] for c in clusters)
+    r = sum(c[1] for c in clusters) / d
+    var = n / (n - 1) * sum((x - r * di) ** 2 for di, x in clusters) / d**2
+    return r, var**0.5

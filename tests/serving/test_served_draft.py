@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_fixtures import MAX_NEW_TOKENS, STEPS, engine_acceptance, heldout_prompt_ids, spec_args, toolkit_acceptance
+from serving_fixtures import (
+    MAX_NEW_TOKENS, STEPS, engine_acceptance, heldout_prompt_ids, ratio_and_se, spec_args, toolkit_acceptance)
 from vllm_process import VllmServer, start_or_fail
 
 
@@ -62,3 +63,56 @@ def test_bench_serve_reports_the_engines_acceptance_and_tokens_per_s(demo: Path,
     # per-category groups, each its own /metrics difference, combined verify-weighted by bench-serve
     assert figures["acceptance_length"] == pytest.approx(counted.acceptance_length, rel=0.03)
     assert figures["draft_tokens_per_s"] > 0 and figures["baseline_tokens_per_s"] > 0
+
+
+TEMPERATURE = 0.8
+SEEDS = 4  # each held-out prompt sampled this many times on each side
+NOISE_Z = 3.0  # how many standard errors of the difference two unbiased samples may differ by
+
+
+def test_sampled_acceptance_equals_curator_eval_within_sampling_noise(demo: Path, spec_server: VllmServer) -> None:
+    """At temperature 0.8 the engine verifies by sampling, `curator eval --temperature 0.8` too (the target
+    samples; a draft token d is accepted with probability p(d), as both engines do for a draft that
+    proposes greedily): the outputs differ, sample by sample, so the acceptance lengths agree only in
+    law. Each side decodes every held-out prompt SEEDS times (its own seeds); the sequences are
+    independent draws, the drafts within one are not, so the bound is NOISE_Z cluster-robust standard
+    errors of the difference of the two ratio estimates (accepted / drafts), per position too."""
+    from curator.engines import vllm
+    from curator.evaluation.measure import measure
+    from curator.mix.prompts import mix_prompts
+    from training.eagle3.load import load_draft
+    from training.eval.decode import Sampling, load_target, render_prompt
+
+    prompts, _ = mix_prompts(demo / "mix" / ".heldout")
+    target, tokenizer = load_target(demo / "target")
+    drafter = load_draft(demo / "export", demo / "target")
+    engine: list[list[float]] = []  # per sequence: drafts, accepted, then accepted at positions 1..STEPS
+    ours: list[list[float]] = []
+    for seed in range(SEEDS):
+        for i, p in enumerate(prompts):
+            before = vllm.spec_counters(spec_server.metrics())
+            spec_server.post("/v1/completions", {
+                "model": spec_server.served_name, "prompt": render_prompt(tokenizer, p.messages),
+                "max_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE, "seed": 1000 * seed + i})
+            c = vllm.spec_counters(spec_server.metrics()).minus(before)
+            engine.append([c.drafts, c.accepted, *(c.accepted_per_pos.get(k, 0.0) for k in range(STEPS))])
+            stats = measure(target, tokenizer, drafter, [p], steps=STEPS, max_new_tokens=MAX_NEW_TOKENS,
+                            tie_margin=1e-4, sampling=Sampling(TEMPERATURE, seed=seed)).overall
+            ours.append([stats.forwards, sum(stats.accepted),
+                         *(sum(a >= k for a in stats.accepted) for k in range(1, STEPS + 1))])
+    rows = []
+    for col, what in [(1, "acceptance length - 1"), *((2 + k, f"position {k + 1} rate") for k in range(STEPS))]:
+        e, e_se = ratio_and_se([(r[0], r[col]) for r in engine])
+        o, o_se = ratio_and_se([(r[0], r[col]) for r in ours])
+        bound = NOISE_Z * (e_se**2 + o_se**2) ** 0.5
+        rows.append((what, e, o, bound))
+        print(f"T={TEMPERATURE} {what}: engine {e:.4f} (se {e_se:.4f}, {sum(r[0] for r in engine):.0f} drafts), "
+              f"curator eval {o:.4f} (se {o_se:.4f}, {sum(r[0] for r in ours):.0f} drafts), bound {bound:.4f}")
+    if rows[0][1] == 0 and rows[0][2] > rows[0][3]:
+        # What vLLM 0.32.0's CPU build does (docs/engines.md): at any temperature above 0 it accepts no
+        # draft token at all (greedy on the same server: 70 of 103), whatever the draft. Not sampling
+        # noise; the comparison runs again, and must hold, once the engine accepts any.
+        pytest.xfail(f"vLLM accepted 0 of {sum(r[0] for r in engine):.0f} drafts at temperature {TEMPERATURE}; "
+                     f"curator eval accepts {rows[0][2]:.3f} per draft (bound {rows[0][3]:.3f})")
+    for what, e, o, bound in rows:
+        assert abs(e - o) <= bound, (what, e, o, bound)
