@@ -74,13 +74,13 @@ class VllmServer:
     def __init__(self, model: str | Path, log_dir: str | Path, args: Sequence[str] = (), *,
                  served_name: str = "target", max_model_len: int = 1024, max_num_seqs: int = 4,
                  module: str = "vllm.entrypoints.openai.api_server", env: dict[str, str] | None = None,
-                 python_args: Sequence[str] = ()) -> None:
+                 python_args: Sequence[str] = (), port: int | None = None) -> None:
         self.python = vllm_python()
         self.model = str(model)
         self.served_name = served_name
-        self.port = free_port()
+        self.port = port or free_port()  # a restarted server takes its predecessor's port
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_dir) / f"vllm-{self.port}.log"
+        self.log_path = Path(log_dir) / f"vllm-{self.port}-{time.monotonic_ns()}.log"
         self.argv = [self.python, *python_args, "-m", module, "--model", self.model,
                      "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(self.port),
                      "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
