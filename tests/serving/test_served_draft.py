@@ -68,6 +68,24 @@ def test_bench_serve_reports_the_engines_acceptance_and_tokens_per_s(demo: Path,
 TEMPERATURE = 0.8
 SEEDS = 4  # each held-out prompt sampled this many times on each side
 NOISE_Z = 3.0  # how many standard errors of the difference two unbiased samples may differ by
+NEAR_GREEDY = 0.01  # the lowest temperature vLLM takes (it raises lower ones to 0.01)
+
+
+def sampled_counts(server: VllmServer, prompts: list[tuple[str, list[int]]], temperature: float,
+                   seeds: int) -> list[list[float]]:
+    """Per sequence: the engine's drafts, accepted tokens, and accepted at positions 1..STEPS (its
+    /metrics counters around each request, one at a time, each with its own seed)."""
+    from curator.engines import vllm
+
+    rows = []
+    for seed in range(seeds):
+        for i, (_, ids) in enumerate(prompts):
+            before = vllm.spec_counters(server.metrics())
+            server.post("/v1/completions", {"model": server.served_name, "prompt": ids, "max_tokens": MAX_NEW_TOKENS,
+                                            "temperature": temperature, "seed": 1000 * seed + i})
+            c = vllm.spec_counters(server.metrics()).minus(before)
+            rows.append([c.drafts, c.accepted, *(c.accepted_per_pos.get(k, 0.0) for k in range(STEPS))])
+    return rows
 
 
 def test_sampled_acceptance_equals_curator_eval_within_sampling_noise(demo: Path, spec_server: VllmServer) -> None:
@@ -76,43 +94,44 @@ def test_sampled_acceptance_equals_curator_eval_within_sampling_noise(demo: Path
     proposes greedily): the outputs differ, sample by sample, so the acceptance lengths agree only in
     law. Each side decodes every held-out prompt SEEDS times (its own seeds); the sequences are
     independent draws, the drafts within one are not, so the bound is NOISE_Z cluster-robust standard
-    errors of the difference of the two ratio estimates (accepted / drafts), per position too."""
-    from curator.engines import vllm
+    errors of the difference of the two ratio estimates (accepted / drafts), per position too.
+
+    First the engine's sampled path is checked where the answer is known without noise: at
+    temperature 0.01 the target's distribution is its argmax, so a sampling verifier accepts what the
+    greedy one does. vLLM 0.32.0's CPU build does not (docs/engines.md): the test then xfails with
+    the figures, and runs the comparison again, to hold, once the engine accepts near-greedy drafts."""
     from curator.evaluation.measure import measure
     from curator.mix.prompts import mix_prompts
     from training.eagle3.load import load_draft
-    from training.eval.decode import Sampling, load_target, render_prompt
+    from training.eval.decode import Sampling, load_target
+
+    held = heldout_prompt_ids(demo)
+    greedy = engine_acceptance(spec_server, held)
+    near = sampled_counts(spec_server, held, NEAR_GREEDY, 1)
+    near_rate = sum(r[1] for r in near) / sum(r[0] for r in near)
+    greedy_rate = greedy["acceptance_length"] - 1
+    print(f"engine accepted per draft: greedy {greedy_rate:.4f}, temperature {NEAR_GREEDY} {near_rate:.4f} "
+          f"({sum(r[0] for r in near):.0f} drafts)")
+    if near_rate < 0.5 * greedy_rate:
+        pytest.xfail(f"vLLM's sampled verification accepts {near_rate:.3f} tokens per draft at temperature "
+                     f"{NEAR_GREEDY}, where its greedy one accepts {greedy_rate:.3f}: the engine's sampled path "
+                     "does not verify as it should, so there is no law to compare curator eval's with")
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")
     target, tokenizer = load_target(demo / "target")
     drafter = load_draft(demo / "export", demo / "target")
-    engine: list[list[float]] = []  # per sequence: drafts, accepted, then accepted at positions 1..STEPS
+    engine = sampled_counts(spec_server, held, TEMPERATURE, SEEDS)
     ours: list[list[float]] = []
     for seed in range(SEEDS):
-        for i, p in enumerate(prompts):
-            before = vllm.spec_counters(spec_server.metrics())
-            spec_server.post("/v1/completions", {
-                "model": spec_server.served_name, "prompt": render_prompt(tokenizer, p.messages),
-                "max_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE, "seed": 1000 * seed + i})
-            c = vllm.spec_counters(spec_server.metrics()).minus(before)
-            engine.append([c.drafts, c.accepted, *(c.accepted_per_pos.get(k, 0.0) for k in range(STEPS))])
+        for p in prompts:
             stats = measure(target, tokenizer, drafter, [p], steps=STEPS, max_new_tokens=MAX_NEW_TOKENS,
                             tie_margin=1e-4, sampling=Sampling(TEMPERATURE, seed=seed)).overall
             ours.append([stats.forwards, sum(stats.accepted),
                          *(sum(a >= k for a in stats.accepted) for k in range(1, STEPS + 1))])
-    rows = []
     for col, what in [(1, "acceptance length - 1"), *((2 + k, f"position {k + 1} rate") for k in range(STEPS))]:
         e, e_se = ratio_and_se([(r[0], r[col]) for r in engine])
         o, o_se = ratio_and_se([(r[0], r[col]) for r in ours])
         bound = NOISE_Z * (e_se**2 + o_se**2) ** 0.5
-        rows.append((what, e, o, bound))
         print(f"T={TEMPERATURE} {what}: engine {e:.4f} (se {e_se:.4f}, {sum(r[0] for r in engine):.0f} drafts), "
               f"curator eval {o:.4f} (se {o_se:.4f}, {sum(r[0] for r in ours):.0f} drafts), bound {bound:.4f}")
-    if rows[0][1] == 0 and rows[0][2] > rows[0][3]:
-        # What vLLM 0.32.0's CPU build does (docs/engines.md): at any temperature above 0 it accepts no
-        # draft token at all (greedy on the same server: 70 of 103), whatever the draft. Not sampling
-        # noise; the comparison runs again, and must hold, once the engine accepts any.
-        pytest.xfail(f"vLLM accepted 0 of {sum(r[0] for r in engine):.0f} drafts at temperature {TEMPERATURE}; "
-                     f"curator eval accepts {rows[0][2]:.3f} per draft (bound {rows[0][3]:.3f})")
-    for what, e, o, bound in rows:
         assert abs(e - o) <= bound, (what, e, o, bound)
