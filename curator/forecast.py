@@ -307,7 +307,7 @@ def store_bytes_per_token(target: str | Path, dtype: str = "bf16", n_aux: int = 
     """Return the planned store bytes per token for the target's shape (training/capture/plan.py's bill)."""
     from training.errors import TrainingError
     from training.capture.plan import load_shape
-    from training.storage.store import bytes_per_token
+    from training.storage.format import bytes_per_token
 
     try:
         shape = load_shape(target)
@@ -369,7 +369,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     the shards linked, never copied); return its directory. `entries`: the store's index entries
     when the caller already read them."""
     from training.io.atomic import output_folder
-    from training.storage.store import atomic_write_json, read_index
+    from training.storage.index import atomic_write_json, read_index
 
     src, out = Path(store_dir).resolve(), Path(out)
     if entries is None:
@@ -399,7 +399,7 @@ def run_point(run_dir: str | Path) -> tuple[dict[str, int], dict[str, float], in
     `curator train` run: a `curator eval --json` report saved as RUN/eval.json (measured) when
     present, else the simulated per-category acceptance of the run's final evaluation."""
     from training.feed.batches import training_ids
-    from training.storage.store import read_index
+    from training.storage.index import read_index
 
     run = Path(run_dir)
     try:
@@ -520,7 +520,7 @@ def train_nested(
     `on_metrics(fraction)` returns the trainer's metrics callback for that subset's run (a progress bar)."""
     from training.feed.batches import split_eval
     from training.io.atomic import output_folder
-    from training.storage.store import read_index
+    from training.storage.index import read_index
     from training.train.config import TrainConfig
     from training.train.trainer import train
 

@@ -40,10 +40,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from training.capture.hidden_states import ExtractStats, PreparedSample, prepare_samples, store_meta
+from training.capture.prepare import OnDemandStates, PreparedSample, prepare_samples, store_meta
+from training.capture.stats import ExtractStats
 from training.errors import TrainingError
 from training.records.chat_tokens import GenerationReadStats, iter_generation
-from training.storage.store import HiddenStateSample, StoreMeta, bytes_per_token
+from training.storage.format import HiddenStateSample, StoreMeta, bytes_per_token
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -114,7 +115,7 @@ def sample_bytes(meta: StoreMeta, tokens: int) -> int:
 
 
 def as_stored(s: HiddenStateSample) -> HiddenStateSample:
-    """Return `s` with its states rounded to bf16 as a store writes them (training.storage.store), so that
+    """Return `s` with its states rounded to bf16 as a store writes them (training.storage.writer), so that
     an engine serving in float32 feeds the draft exactly what a store of its states would."""
     s.aux = s.aux.detach().cpu().to(torch.bfloat16)
     if s.final is not None:
@@ -218,7 +219,7 @@ class _Window:
     per_step: dict[int, list[int]] = field(default_factory=dict)  # step -> [samples, bytes]
 
 
-class EngineStates:
+class EngineStates(OnDemandStates):
     """The trainer's view of a store whose states the engines capture on demand (see module doc)."""
 
     def __init__(
@@ -284,28 +285,7 @@ class EngineStates:
                 self._capture_obj = self._make_capture()
             return self._capture_obj
 
-    # ------------------------------------------------------------- the read side of a store
-
-    def ids(self) -> list[str]:
-        return list(self._samples)
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __contains__(self, sid: object) -> bool:
-        return sid in self._samples
-
-    def length(self, sid: str) -> int:
-        return int(self._samples[sid].input_ids.shape[0])
-
-    def category(self, sid: str) -> str:
-        return self._samples[sid].category
-
-    def tokens(self, sid: str) -> PreparedSample:
-        return self._samples[sid]
-
-    def __getitem__(self, sid: str) -> HiddenStateSample:
-        return self.load_many([sid])[0]
+    # the read side of a store (ids, lengths, categories, tokens): OnDemandStates
 
     def _cut(self, sid: str) -> PreparedSample:
         """Return the sample as the engine is asked for it: at most max_length tokens (the trainer
