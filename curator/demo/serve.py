@@ -28,7 +28,8 @@ def serve_and_measure(python: str, workdir: Path, *, steps: int, max_new_tokens:
                       eval_acceptance: float | None) -> dict[str, Any]:
     """Return the stage's figures: the engine's acceptance on the held-out prompts beside curator eval's."""
     from curator.mix.prompts import mix_prompts
-    from training.eval.decode import load_target, render_prompt
+    from training.eval.evaluate import load_target
+    from training.eval.prompts import render_prompt
 
     prompts, _ = mix_prompts(workdir / "mix" / ".heldout")
     _, tokenizer = load_target(workdir / "target")

@@ -103,7 +103,8 @@ def test_sampled_acceptance_equals_curator_eval_within_sampling_noise(demo: Path
     from curator.evaluation.measure import measure
     from curator.mix.prompts import mix_prompts
     from training.eagle3.load import load_draft
-    from training.eval.decode import Sampling, load_target
+    from training.eval.evaluate import load_target
+    from training.eval.sampling import Sampling
 
     held = heldout_prompt_ids(demo)
     greedy = engine_acceptance(spec_server, held)
