@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 
-def test_the_demo_serves_its_draft_and_prints_the_engines_acceptance(demo: Path, vllm_env: str,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_demo_serves_its_draft_and_prints_the_engines_acceptance(demo: Path, vllm_env: str) -> None:
     from curator.cli import main
+    from curator.ui import console
 
-    assert main(["demo", "--quick", "--serve", "--workdir", str(demo)]) == 0  # earlier stages: done by the fixture
-    out = capsys.readouterr().out
+    with console.capture() as printed:  # the demo prints through rich's console
+        assert main(["demo", "--quick", "--serve", "--workdir", str(demo)]) == 0  # earlier stages: the fixture's
+    out = printed.get()
     assert "acceptance length, served by vLLM" in out and "(curator eval:" in out
     state = json.loads((demo / "demo-state.json").read_text())
     served = next(s for s in state["stages"] if s["name"] == "serve (vLLM)")["figures"]
