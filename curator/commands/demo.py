@@ -16,8 +16,9 @@ def demo(
                                                       "the engine's acceptance beside curator eval's (vLLM importable "
                                                       "here, or CURATOR_VLLM_PYTHON naming its python)."),
 ) -> None:
-    """Run scout -> review -> profile -> build-mix -> target -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval
-    (-> serve, with --serve).
+    """Run scout -> review -> profile -> build-mix -> target -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.
+
+    With --serve it ends by serving the draft in a real vLLM and prints the engine's acceptance.
 
     Offline, on the machine it runs on: the scouts plan with rules over a bundled Hub snapshot,
     profile reads a request log it writes (coding and agentic requests), and target trains the small
