@@ -56,6 +56,7 @@ OUTPUTS = {
     "train": ("run", "train.yaml"),
     "export": ("export",),
     "eval": ("eval.json",),
+    "serve (vLLM)": ("vllm-serve.log",),
     "report": ("report.html", "report.json", STATE_FILE),
 }
 # The demo's models are a few hundred thousand parameters: each op is too small to share out, and
@@ -116,10 +117,12 @@ def repeated_token_share(token_ids: list[int]) -> float:
 class Demo:
     """One demo run in a workdir; `run()` executes the stages in order and returns the report."""
 
-    def __init__(self, workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False) -> None:
+    def __init__(self, workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False,
+                 serve_python: str | None = None) -> None:
         self.w = Path(workdir).resolve()
         self.s = settings or DemoSettings()
         self.fresh = fresh
+        self.serve_python = serve_python  # vLLM's python: the last stage serves the draft there
         self.report = DemoReport(workdir=self.w)
         self.catalog = self.w / "catalog.duckdb"
         self.done: dict[str, dict[str, Any]] = {}  # stage -> its StageResult, from demo-state.json
@@ -216,6 +219,8 @@ class Demo:
         self.export()
         self.doctor()
         self.eval()
+        if self.serve_python:
+            self.serve()
         self.finish()
         return self.report
 
@@ -566,6 +571,21 @@ class Demo:
 
         self._stage("eval", _cmd(argv), fn)
 
+    def serve(self) -> None:
+        from curator.demo.serve import STAGE, launch_args, serve_and_measure
+
+        assert self.serve_python is not None
+        command = shlex.join(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.w / "target"),
+                              *launch_args(self.w / "export", self.s.eval_steps)])
+
+        def fn() -> dict[str, Any]:
+            assert self.serve_python is not None
+            return serve_and_measure(self.serve_python, self.w, steps=self.s.eval_steps,
+                                     max_new_tokens=self.s.eval_max_new_tokens,
+                                     eval_acceptance=self.report.acceptance_length)
+
+        self._stage(STAGE, f"serve the draft in the real engine and read its acceptance: {command}", fn)
+
     def finish(self) -> None:
         html_path = write_html(self.report, self.w / "report.html")
         (self.w / "report.json").write_text(json.dumps(
@@ -586,6 +606,8 @@ class Demo:
         console.print(f"review what the scouts found: [bold]{escape(review)}[/]", highlight=False)
 
 
-def run_demo(workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False) -> DemoReport:
-    """Run the whole demo in `workdir` (taking up an earlier run there unless `fresh`); return its report."""
-    return Demo(workdir, settings, fresh).run()
+def run_demo(workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False,
+             serve_python: str | None = None) -> DemoReport:
+    """Run the whole demo in `workdir` (taking up an earlier run there unless `fresh`); return its report.
+    With `serve_python` (the python of an environment with vLLM) it ends by serving its draft there."""
+    return Demo(workdir, settings, fresh, serve_python).run()

@@ -218,6 +218,11 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
     k = f" (K={report.eval_steps})" if report.eval_steps else ""
     if report.acceptance_length is not None:
         rows.append((f"acceptance length, measured{k}", f"{report.acceptance_length:.2f}"))
+    served = report.figure("serve (vLLM)", f"acceptance length, vLLM{k}")
+    if served is not None:
+        rows.append((f"acceptance length, served by {report.figure('serve (vLLM)', 'engine')}",
+                     f"{served:.2f} (curator eval: {report.acceptance_length:.2f})"
+                     if report.acceptance_length is not None else f"{served:.2f}"))
     if report.acceptance_traffic is not None:
         rows.append((f"acceptance length, traffic-weighted{k}", f"{report.acceptance_traffic:.2f}"))
     if report.acceptance_agentic is not None:

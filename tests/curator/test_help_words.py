@@ -62,11 +62,13 @@ def test_demo_help_lists_every_stage_the_demo_runs(capsys: pytest.CaptureFixture
     from curator.demo.pipeline import Demo
 
     ran = re.findall(r"self\.(\w+)\(\)", inspect.getsource(Demo.run))
-    stages = [s.replace("_", "-") for s in ran if s not in ("_load_state", "finish")]
+    # serve runs only with --serve, which the help's next paragraph and the option itself describe
+    stages = [s.replace("_", "-") for s in ran if s not in ("_load_state", "finish", "serve")]
     stages = ["review" if s == "approve" else "target" if s == "make-target" else s for s in stages]
     listed = help_of(["demo"], capsys, monkeypatch)
     line = next(line for line in listed.splitlines() if "scout ->" in line)
     assert re.findall(r"[\w-]+", line.split("Run", 1)[1].replace("->", " ")) == stages
+    assert "With --serve it ends by serving the draft in a real vLLM" in " ".join(listed.split())
 
 
 def test_the_readme_states_the_demo_traffic_its_profile_reads() -> None:

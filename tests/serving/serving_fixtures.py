@@ -1,75 +1,13 @@
-"""Fixtures of the real-engine tests: the quick demo's target and draft, and vLLM servers on them.
-
-The tests make their own models: `curator demo --quick` trains a small Llama target (its own BPE
-tokenizer and chat template with tool-call tokens), regenerates its mix, captures states, trains
-and exports an EAGLE-3 draft. `CURATOR_SERVING_WORKDIR` names a folder to keep it in between runs
-(the demo redoes only unfinished stages there); by default it lives in pytest's temporary folder.
-
-(A module, not a conftest.py: tests/conftest.py is imported as `conftest` by other tests.)
-"""
+"""What the real-engine tests share besides their fixtures (conftest.py): the settings of the
+acceptance runs, and the engine's and `curator eval`'s acceptance on the demo's held-out prompts."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from vllm_process import VllmServer, start_or_fail, vllm_python
-
-
-@pytest.fixture(scope="session")
-def vllm_env() -> str:
-    """vLLM's python; skips (with the reason) outside CI's real-engine run, never inside it."""
-    return vllm_python()
-
-
-@pytest.fixture(scope="session")
-def demo(vllm_env: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quick demo's workdir: target/, export/ (SGLang layout), run/ (the checkpoint), mix/, ..."""
-    import torch
-
-    from curator.demo.pipeline import QUICK, run_demo
-
-    work = Path(os.environ.get("CURATOR_SERVING_WORKDIR") or tmp_path_factory.mktemp("serving") / "demo")
-    threads = torch.get_num_threads()
-    try:
-        run_demo(work, QUICK)
-    finally:
-        torch.set_num_threads(threads)
-    return work
-
-
-@pytest.fixture(scope="session")
-def speculators_export(demo: Path) -> Path:
-    """The demo's draft exported again in the speculators layout."""
-    from training.export.export import export_checkpoint
-
-    out = demo / "export-speculators"
-    if not (out / "config.json").is_file():
-        export_checkpoint(demo / "run", out, fmt="speculators")
-    return out
-
-
-@pytest.fixture(scope="session")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("vllm-logs")
-
-
-@pytest.fixture(scope="session")
-def target_server(demo: Path, logs: Path) -> Iterator[VllmServer]:
-    """vLLM serving the demo's target without speculation (one for the session, stopped at its end; bench-serve's baseline too). The demo target
-    writes Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` calls: without a tool-call parser
-    vLLM refuses every chat request that declares tools ("auto" tool choice needs one)."""
-    server = start_or_fail(VllmServer(demo / "target", logs, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
-                                      max_num_seqs=8))
-    try:
-        yield server
-    finally:
-        server.stop()
+from vllm_process import VllmServer
 
 
 # ---------------------------------------------------------------- acceptance, the toolkit's and the engine's
@@ -82,7 +20,7 @@ def spec_args(draft: Path, steps: int = STEPS, method: str = "eagle3") -> list[s
     return ["--speculative-config", json.dumps({"method": method, "model": str(draft), "num_speculative_tokens": steps})]
 
 
-def heldout_prompt_ids(demo: Path) -> list[tuple[str, list[int]]]:  # noqa: F811
+def heldout_prompt_ids(demo: Path) -> list[tuple[str, list[int]]]:
     """The held-out traffic prompts `curator eval` decodes in the demo, as the ids it renders."""
     from curator.mix.prompts import mix_prompts
     from training.eval.evaluate import load_target
@@ -93,7 +31,7 @@ def heldout_prompt_ids(demo: Path) -> list[tuple[str, list[int]]]:  # noqa: F811
     return [(p.id, render_prompt(tokenizer, p.messages)) for p in prompts]
 
 
-def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:  # noqa: F811
+def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:
     """`curator eval`'s figures for `draft` on the held-out prompts (greedy, STEPS, MAX_NEW_TOKENS)."""
     from curator.evaluation.measure import measure
     from curator.mix.prompts import mix_prompts
@@ -124,3 +62,17 @@ def engine_acceptance(server: VllmServer, prompts: list[tuple[str, list[int]]]) 
             "drafts": counted.drafts, "tokens": tokens}
 
 
+
+
+# ---------------------------------------------------------------- sampled verification: the noise of two samples
+
+
+def ratio_and_se(clusters: list[tuple[float, float]]) -> tuple[float, float]:
+    """Return (sum of x / sum of d, its standard error) over clusters (d_i, x_i): here one sequence's
+    drafts and accepted tokens. The error is the cluster-robust (delta-method) one of a ratio
+    estimator, so drafts of one sequence may depend on each other; sequences are independent draws."""
+    n = len(clusters)
+    d = sum(c[0] for c in clusters)
+    r = sum(c[1] for c in clusters) / d
+    var = n / (n - 1) * sum((x - r * di) ** 2 for di, x in clusters) / d**2
+    return r, var**0.5

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from serving_fixtures import demo, logs, target_server, vllm_env  # noqa: F401  (fixtures)
 from vllm_process import VllmServer
 
 MAX_TOKENS = 16
@@ -104,11 +103,11 @@ def run_generate(*argv: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def mix(tmp_path_factory: pytest.TempPathFactory, demo: Path) -> Path:  # noqa: F811
+def mix(tmp_path_factory: pytest.TempPathFactory, demo: Path) -> Path:
     return write_mix(tmp_path_factory.mktemp("serving-mix"))
 
 
-def test_token_mode_ids_are_the_engines_own(target_server: VllmServer, demo: Path, mix: Path,  # noqa: F811
+def test_token_mode_ids_are_the_engines_own(target_server: VllmServer, demo: Path, mix: Path,
                                             tmp_path: Path) -> None:
     out = tmp_path / "gen"
     run_generate("--mix", str(mix), "--out", str(out), "--endpoint", target_server.url, "--model", "target",
@@ -134,7 +133,7 @@ def test_token_mode_ids_are_the_engines_own(target_server: VllmServer, demo: Pat
     assert shapes == {"single-turn": 4, "multi-turn": 4, "earlier tool calls": 4, "tools declared": 8}, shapes
 
 
-def test_chat_mode_stores_the_engines_answers(target_server: VllmServer, demo: Path, mix: Path,  # noqa: F811
+def test_chat_mode_stores_the_engines_answers(target_server: VllmServer, demo: Path, mix: Path,
                                               tmp_path: Path) -> None:
     """`--engine chat` (text mode): the stored answers are the engine's chat answers, and the training
     rows built from them start with the prompt ids the engine itself rendered."""
@@ -167,7 +166,7 @@ def test_chat_mode_stores_the_engines_answers(target_server: VllmServer, demo: P
     assert answers >= len(recs)
 
 
-def test_sigkill_mid_run_resumes_with_every_id_once(target_server: VllmServer, demo: Path,  # noqa: F811
+def test_sigkill_mid_run_resumes_with_every_id_once(target_server: VllmServer, demo: Path,
                                                     tmp_path: Path) -> None:
     """`curator generate` killed with SIGKILL while the real engine answers, then run again: every mix
     id exactly once, each a token record."""

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import torch
 
-from serving_fixtures import demo, logs, vllm_env  # noqa: F401  (fixtures)
 from vllm_process import VllmServer, start_or_fail
 
 HERE = Path(__file__).parent
@@ -46,9 +45,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-@pytest.mark.skip(reason="unfinished: written against vLLM 0.32's connector but not yet run against the engine "
-                         "(issue 35 item 5); the CPU connector shim is in cpu_hidden_states_connector.py")
-def test_engine_states_equal_the_transformers_capture(demo: Path, logs: Path, tmp_path: Path,  # noqa: F811
+def test_engine_states_equal_the_transformers_capture(demo: Path, logs: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from curator.capture import CaptureSettings, capture_hidden_states
     from curator.cli import main
@@ -92,6 +89,7 @@ def test_engine_states_equal_the_transformers_capture(demo: Path, logs: Path, tm
 
     model, _ = load_target(demo / "target", "cpu")
     model = model.float()
+    worst = {"aux": 0.0, "final": 0.0}
     for sid in hf.ids():
         a, b = hf[sid], engine[sid]
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
@@ -103,7 +101,12 @@ def test_engine_states_equal_the_transformers_capture(demo: Path, logs: Path, tm
         h = ref_final.shape[-1]
         for k, layer in enumerate(layers):
             err = rel_err(aux[:, k * h:(k + 1) * h], ref_aux[:, k * h:(k + 1) * h])
+            worst["aux"] = max(worst["aux"], err)
             assert err < 1e-4, f"{sid}: layer {layer} differs by {err:.2e}"
-        assert final is not None and rel_err(final, ref_final) < 1e-4, sid
+        assert final is not None
+        worst["final"] = max(worst["final"], rel_err(final, ref_final))
+        assert rel_err(final, ref_final) < 1e-4, sid
         # and both bf16 stores hold the same states, up to bf16 rounding of float32 values that differ by ~1e-6
         assert torch.allclose(a.aux.float(), b.aux.float(), rtol=1e-2, atol=1e-2)
+    print(f"engine states against the transformers capture, {len(hf)} samples, layers {layers} and the final state: "
+          f"largest relative error {worst['aux']:.2e} (aux), {worst['final']:.2e} (final)")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serving_fixtures import (  # noqa: F401  (fixtures)
-    STEPS, demo, engine_acceptance, heldout_prompt_ids, logs, spec_args, toolkit_acceptance, vllm_env)
+from serving_fixtures import STEPS, engine_acceptance, heldout_prompt_ids, spec_args, toolkit_acceptance
 from vllm_process import VllmServer, start_or_fail
 
 # (layout, norms): speculators' EAGLE-3.1 defaults go out in the speculators layout (SGLang has no
@@ -21,7 +20,7 @@ CASES = [("speculators", {"norm_before_fc": True, "norm_output": True, "norm_bef
          ("sglang", {"fc_norm": True, "norm_output": True})]
 
 
-def variant_export(demo: Path, layout: str, norms: dict[str, bool]) -> Path:  # noqa: F811
+def variant_export(demo: Path, layout: str, norms: dict[str, bool]) -> Path:
     """The demo's draft trained again with `norms` (the demo's own train config otherwise), exported in `layout`."""
     import yaml
 
@@ -42,7 +41,7 @@ def variant_export(demo: Path, layout: str, norms: dict[str, bool]) -> Path:  # 
 
 @pytest.mark.parametrize(("layout", "norms"), CASES, ids=[c[0] for c in CASES])
 def test_vllm_serves_an_eagle31_draft_with_the_acceptance_curator_eval_measures(
-        layout: str, norms: dict[str, bool], demo: Path, logs: Path) -> None:  # noqa: F811
+        layout: str, norms: dict[str, bool], demo: Path, logs: Path) -> None:
     draft = variant_export(demo, layout, norms)
     prompts = heldout_prompt_ids(demo)
     ours = toolkit_acceptance(demo, draft)

@@ -74,20 +74,25 @@ class VllmServer:
     def __init__(self, model: str | Path, log_dir: str | Path, args: Sequence[str] = (), *,
                  served_name: str = "target", max_model_len: int = 1024, max_num_seqs: int = 4,
                  module: str = "vllm.entrypoints.openai.api_server", env: dict[str, str] | None = None,
-                 python_args: Sequence[str] = ()) -> None:
+                 python_args: Sequence[str] = (), port: int | None = None) -> None:
         self.python = vllm_python()
         self.model = str(model)
         self.served_name = served_name
-        self.port = free_port()
+        self.port = port or free_port()  # a restarted server takes its predecessor's port
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_dir) / f"vllm-{self.port}.log"
+        self.log_path = Path(log_dir) / f"vllm-{self.port}-{time.monotonic_ns()}.log"
         self.argv = [self.python, *python_args, "-m", module, "--model", self.model,
                      "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(self.port),
                      "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
                      "--dtype", "float32", "--seed", "0", "--uvicorn-log-level", "warning",
                      # no torch.compile: on 2 busy cores it took minutes per start for models of 1 MB
-                     "--enforce-eager", *args]
-        self.env = engine_env(**(env or {}))
+                     "--enforce-eager",
+                     # the worker inside the engine-core process: on the CPU vLLM otherwise starts a
+                     # third process that imports vLLM and torch again (40 of a start's 100 s here)
+                     "--distributed-executor-backend", "uni", *args]
+        # vLLM's CPU platform turns "uni" back into "mp" unless this is 0; the API server still runs
+        # the engine core in a process of its own (AsyncLLM always does)
+        self.env = engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
         self.proc: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -195,3 +200,20 @@ def start_or_fail(server: VllmServer) -> VllmServer:
         return server.__enter__()
     except ServerFailed as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+def start_all_or_fail(*servers: VllmServer) -> tuple[VllmServer, ...]:
+    """Start `servers` side by side (a start is mostly one core importing vLLM), then wait for each;
+    when one does not serve, all are stopped and the test fails with that server's own output."""
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready()
+    except BaseException as exc:
+        for server in servers:
+            server.stop()
+        if isinstance(exc, ServerFailed):
+            pytest.fail(str(exc), pytrace=False)
+        raise
+    return servers

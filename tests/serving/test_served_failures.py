@@ -1,0 +1,88 @@
+"""A real vLLM that dies under `curator generate`, or is restarted under it: the same named errors and
+resume as against the stand-in servers (tests/curator/generate/).
+
+One server is SIGKILLed (its whole process group: API server and engine core) while two generate
+runs talk to it. The run with few attempts ends `partial`, each failed row recorded in
+errors.jsonl as a transient failure naming the endpoint, and resumes against a new server with
+every id exactly once. The run with enough attempts rides out the restart of the server on the
+same port and finishes `complete`, with every id exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from test_served_generate import records, write_mix
+from vllm_process import VllmServer, start_or_fail
+
+SCRIPT = ("import sys; from curator.generate import GenerateConfig, generate; "
+          "generate(GenerateConfig.model_validate_json(sys.argv[1]))")
+
+
+def generate_argv(mix: Path, out: Path, demo: Path, url: str, attempts: int) -> list[str]:
+    config = {"mix": str(mix), "out": str(out), "model": "target", "endpoints": [url], "engine": "vllm",
+              "tokenizer": str(demo / "target"), "temperature": 0.0, "max_tokens": 48, "concurrency": 2,
+              "shard_rows": 2, "max_attempts": attempts, "retry_base_s": 0.5}
+    return [sys.executable, "-c", SCRIPT, json.dumps(config)]
+
+
+def meta(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "generation.json").read_text())
+    return data
+
+
+def test_a_killed_and_restarted_engine_loses_no_row_and_repeats_none(demo: Path, logs: Path, tmp_path: Path) -> None:
+    from curator.rows.schema import open_mix
+
+    mix = write_mix(tmp_path / "mix", rows=12)
+    ids = sorted(r.id for r in open_mix(mix).rows())
+    first = start_or_fail(VllmServer(demo / "target", logs, max_num_seqs=4))
+    port, procs = first.port, []
+    few, many = tmp_path / "few-attempts", tmp_path / "many-attempts"
+    try:
+        # two attempts: gives up at once; 14: half-minute pauses outlast a restart (about a minute here)
+        for out, attempts in ((few, 2), (many, 14)):
+            procs.append(subprocess.Popen(generate_argv(mix, out, demo, first.url, attempts), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, start_new_session=True))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not all(list(o.glob("shard-*.jsonl")) for o in (few, many)):
+            assert all(p.poll() is None for p in procs), "a run ended before the engine was killed"
+            time.sleep(0.2)
+        os.killpg(first.proc.pid, signal.SIGKILL)  # the engine dies mid-run: API server and engine core
+        first.stop()
+        assert procs[0].wait(timeout=300) == 0, procs[0].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        # restarted on the same port while the patient run still retries
+        second = start_or_fail(VllmServer(demo / "target", logs, max_num_seqs=4, port=port))
+        try:
+            assert procs[1].wait(timeout=900) == 0, procs[1].stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            # the run that gave up: partial, each failed row a transient failure naming the endpoint
+            done = [r["id"] for r in records(few)]
+            assert meta(few)["status"] == "partial" and 0 < len(done) < len(ids)  # every row handled, some failed
+            failed = [json.loads(line) for line in (few / "errors.jsonl").read_text().splitlines() if line.strip()]
+            assert failed and all(not f["permanent"] and f["endpoint"].startswith(first.url)
+                                  and f["error"].startswith("connection failed") for f in failed), failed[:3]
+            assert not set(done) & {f["id"] for f in failed}
+            # ... resumed against the engine that came back: every id once, nothing sent twice
+            rerun = subprocess.run(generate_argv(mix, few, demo, second.url, 2), capture_output=True, text=True,
+                                   timeout=900)
+            assert rerun.returncode == 0, rerun.stderr[-3000:]
+            for out in (few, many):
+                got = [r["id"] for r in records(out)]
+                assert sorted(got) == ids, out.name  # every id exactly once
+                assert meta(out)["status"] == "complete" and all(r["mode"] == "token" for r in records(out))
+            assert meta(many)["stats"]["retries"] > 0  # it did ride out the restart
+        finally:
+            second.stop()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        first.stop()
