@@ -708,6 +708,7 @@ class RunFigures:
     train_steps: int  # optimizer steps it took
     batch_size: int  # sequences per step
     epochs: float  # train_steps x batch_size / its training samples: how often it saw each sample
+    max_steps: int | None = None  # its config's fixed step budget (None: it trained a number of epochs)
 
     def point_source(self) -> tuple[dict[str, int], dict[str, float], float]:
         return self.counts, self.acceptance, self.epochs
@@ -760,7 +761,9 @@ def run_point(run_dir: str | Path) -> RunFigures:
     for name, v in (("step", step), ("global_batch_size", batch)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise BadPointError(f"{run}: its {name} {v!r} is not a positive whole number")
-    return RunFigures(counts, acc, k_raw, step, batch, step * batch / max(len(ids), 1))
+    fixed = cfg.get("max_steps")
+    return RunFigures(counts, acc, k_raw, step, batch, step * batch / max(len(ids), 1),
+                      fixed if isinstance(fixed, int) and not isinstance(fixed, bool) and fixed > 0 else None)
 
 
 def points_by_category(runs: Sequence[tuple[Any, ...]]) -> dict[str, list[Point]]:

@@ -44,7 +44,7 @@ def forecast_command(
     fractions: Annotated[str, typer.Option("--fractions", help="Nested subset sizes as fractions of --store.")] = "0.125,0.25,0.5",
     config: Annotated[Optional[Path], typer.Option("--config", help="Training config (JSON/YAML) every subset's draft is trained with: the one the full mix will train with (its epochs or max_steps are the budget the forecast speaks of).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a forecast that was stopped: finished subset runs are read back, the unfinished one resumes from its last checkpoint.")] = False,
-    epochs: Annotated[Optional[float], typer.Option("--epochs", help="The budget the full mix will train with, in epochs (default: --config's, or the largest run's).")] = None,
+    epochs: Annotated[Optional[float], typer.Option("--epochs", help="The budget the full mix will train with, in epochs (default: --config's; with --run: the runs' common max_steps, else the largest run's epochs).")] = None,
     max_steps: Annotated[Optional[int], typer.Option("--max-steps", min=1, help="The budget the full mix will train with, in steps of the runs' batch size (default: --config's).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Where the subsets' views and runs go.")] = Path("forecast-runs"),
     generation: Annotated[Optional[Path], typer.Option("--generation", help="A `curator generate --out` directory: tokens per sample by category and the measured output tokens/s.")] = None,
@@ -72,7 +72,7 @@ def forecast_command(
         raise ConfigError("give the budget once: --epochs or --max-steps")
     if not runs and store is None:
         raise ConfigError("give --run RUN_DIR (three or more) or --store STORE --target TARGET to train nested subsets")
-    pairs, steps, batches = [], set(), set()
+    pairs, steps, batches, fixed = [], set(), set(), set()
     bad: list[str] = []
     for run in runs or []:
         try:
@@ -85,11 +85,15 @@ def forecast_command(
         pairs.append(got.point_source())
         steps.add(got.steps)
         batches.add(got.batch_size)
+        fixed.add(got.max_steps)
     if bad:
         console.print(f"[yellow]skipped {len(bad)} of {len(runs or [])} runs[/]: " + "; ".join(bad), highlight=False)
         if not pairs:
             raise ConfigError(f"none of the {len(bad)} runs can be read (first: {bad[0]})")
     budget = fc.Budget(epochs=epochs) if epochs is not None else None
+    if budget is None and max_steps is None and len(fixed) == 1 and len(batches) == 1 and None not in fixed:
+        # every run trained one fixed step budget: the forecast speaks of that same one
+        budget = fc.Budget(sequences=float(next(iter(fixed)) * next(iter(batches))))
     if store is not None:
         if target is None:
             raise ConfigError("--store needs --target (the drafts are trained against it)")

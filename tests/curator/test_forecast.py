@@ -293,8 +293,15 @@ def test_a_subset_draft_records_its_steps_and_epochs(forecast_runs: dict[str, Pa
     points = _points_of(forecast_runs["json"])
     assert [e for *_, e in points] == pytest.approx([2 * 2 / n for n, *_ in points])  # 2 steps of 2 sequences
     assert json.loads(forecast_runs["json"].read_text())["budget"] == {"epochs": None, "sequences": 4.0}
-    got = fc.run_point(sorted(forecast_runs["runs"].glob("run-*"))[0])
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    got = fc.run_point(runs[0])
     assert got.train_steps == 2 and got.batch_size == 2 and got.epochs == pytest.approx(4 / sum(got.counts.values()))
+    # read back as runs: the same budget (their common max_steps x batch), or the one given
+    out = forecast_runs["root"] / "again.json"
+    for extra, budget in (([], {"epochs": None, "sequences": 4.0}), (["--epochs", "3"], {"epochs": 3.0, "sequences": None}),
+                          (["--max-steps", "10"], {"epochs": None, "sequences": 20.0})):
+        assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], *extra, "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["budget"] == budget and _points_of(out) == points
 
 
 def test_a_forecast_killed_midway_resumes_reusing_finished_runs(
