@@ -83,7 +83,8 @@ def run_capture(nproc: int, target: Path, gen: Path, out: Path, kill_at_first_sh
 
 
 def check_index(store_dir: Path, gen_ids: set[str]) -> dict[str, Any]:
-    from training.storage.store import HiddenStateStore, read_index
+    from training.storage.index import read_index
+    from training.storage.reader import HiddenStateStore
 
     entries, skipped = read_index(store_dir)
     stored = HiddenStateStore.open(store_dir)

@@ -45,7 +45,8 @@ def measure_variant(w: Path, name: str, options: dict[str, bool], settings: Any)
     from curator.commands.evaluate import measure
     from curator.evaluation.weighting import eval_weights
     from curator.mix.prompts import mix_prompts
-    from training.eval.decode import held_out_split, load_target
+    from training.eval.evaluate import load_target
+    from training.eval.prompts import held_out_split
     from training.export.export import export_checkpoint
     from training.eagle3.load import load_draft
     from training.train.config import TrainConfig

@@ -105,7 +105,7 @@ def main() -> int:
     from curator.hidden_vllm import server_command
     from tests.conftest import toy_corpus
     from tests.training.capture.test_hidden_states import conversation, write_gen
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
     from training.target.toy import build_target
     from training.train.config import TrainConfig
     from vllm_process import VllmServer
@@ -129,7 +129,7 @@ def main() -> int:
     # so both runs train the same batches in the same order
     assert curator(["hidden-states", "--backend", "vllm", "--print-server-command", "--model", str(target),
                     "--shared-dir", str(shared)]) == 0
-    from training.capture.hidden_states import store_meta
+    from training.capture.prepare import store_meta
     from training.target.config import read_target_config
     from transformers import AutoTokenizer
 

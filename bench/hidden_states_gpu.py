@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peak import matmul_peak_tflops, sync as _sync  # noqa: E402
 
-from training.capture.hidden_states import BackgroundWriter, HostCopier, capture_batch, sample_finite  # noqa: E402
+from training.capture.forward import capture_batch, sample_finite  # noqa: E402
+from training.capture.host import BackgroundWriter, HostCopier  # noqa: E402
 from training.target.layers import default_aux_layers  # noqa: E402
-from training.storage.store import HiddenStateSample, StoreMeta, StoreWriter, bytes_per_token  # noqa: E402
+from training.storage.format import HiddenStateSample, StoreMeta, bytes_per_token  # noqa: E402
+from training.storage.writer import StoreWriter  # noqa: E402
 
 
 def disk_write_gbps(out_dir: Path, total_bytes: int, threads: int = 3, chunk: int = 64 * 1024**2) -> float:

@@ -34,10 +34,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from training.eagle3.model import DraftConfig, Eagle3Draft  # noqa: E402
-from training.eval.decode import DraftProposer, greedy_decode, load_target, render_prompt, speculative_decode  # noqa: E402
+from training.eval.decode import greedy_decode, speculative_decode  # noqa: E402
+from training.eval.evaluate import load_target  # noqa: E402
+from training.eval.prompts import render_prompt  # noqa: E402
+from training.eval.proposers import DraftProposer  # noqa: E402
 from training.eagle3.objective import offline_metrics  # noqa: E402
 from training.eval.simulate import simulate_acceptance  # noqa: E402
-from training.storage.store import HiddenStateSample  # noqa: E402
+from training.storage.format import HiddenStateSample  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 from training.target.toy import build_target  # noqa: E402
 

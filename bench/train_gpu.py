@@ -64,7 +64,7 @@ from training.eagle3.objective import (  # noqa: E402
 )
 from training.feed.packing import DeviceCopier, from_padded, pack_samples, plan_micro_batches  # noqa: E402
 from training.runtime.profiling import PREFIX, phase  # noqa: E402
-from training.storage.store import HiddenStateSample  # noqa: E402
+from training.storage.format import HiddenStateSample  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 
 # compiled: new + training.eagle3.kernels (torch.compile'd RMSNorm and soft CE), the TTT attention's merge eager

@@ -16,9 +16,13 @@ from typing import Any
 from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
 from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
-from training.capture.hidden_states import ExtractStats, merge_index, store_meta
+from training.capture.prepare import store_meta
+from training.capture.stats import ExtractStats
+from training.storage.index import merge_index
 from training.capture.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
-from training.storage.store import StoreMeta, claim_store, read_index
+from training.storage.format import StoreMeta
+from training.storage.index import read_index
+from training.storage.writer import claim_store
 from training.target.config import read_target_config
 
 BACKENDS = ("transformers", "vllm")

@@ -232,7 +232,7 @@ def check_served_layers(layout: DraftLayout, target_config: dict[str, Any]) -> l
     error with its reason, not an assumption.
     """
     n = int(target_config["num_hidden_layers"])
-    trained = (layout.config.get("curator") or {}).get("aux_layer_inputs")
+    trained = layout.provenance.get("aux_layer_inputs")
     expected = sorted(int(i) for i in trained) if trained else None
     if layout.layout is None:
         return []  # not a layout the toolkit knows: check_layout said so
@@ -270,7 +270,7 @@ def check_store(layout: DraftLayout, store_meta: Any, target_config: dict[str, A
     """Return checks that the layers the engine will feed the draft are those its data was captured at."""
     checks: list[Check] = []
     ids = list(store_meta.aux_layer_ids)  # inputs of layers, whatever the store recorded
-    arch = (layout.config.get("curator") or {}).get("target_architecture")
+    arch = layout.provenance.get("target_architecture")
     target = target_config or {"num_hidden_layers": store_meta.num_layers, "architectures": [arch]}
     try:
         served = layout.layout.served_layer_inputs(layout.config, target)
@@ -307,7 +307,7 @@ def diagnose(draft: str | Path, target: str | Path | None = None, store: str | P
         checks.extend(check_target(layout, target_config))
     if store is not None:
         from training.errors import StoreError
-        from training.storage.store import HiddenStateStore
+        from training.storage.reader import HiddenStateStore
 
         try:
             meta = HiddenStateStore.open(store).meta

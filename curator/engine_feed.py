@@ -42,10 +42,10 @@ import httpx
 from curator import http
 from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.hidden_vllm import VllmExtractor, VllmOptions, api_key_from_env, load_final_norm
-from training.capture.hidden_states import PreparedSample
+from training.capture.prepare import PreparedSample
 from training.feed.engine import CaptureFactory, EngineFeedError
 from training.io.atomic import write_text
-from training.storage.store import HiddenStateSample, StoreMeta
+from training.storage.format import HiddenStateSample, StoreMeta
 from training.train.config import TrainConfig
 
 REQUEST_ID = contextvars.ContextVar[str | None]("curator_engine_request_id", default=None)

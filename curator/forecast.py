@@ -570,7 +570,7 @@ def store_bytes_per_token(target: str | Path, dtype: str = "bf16", n_aux: int = 
     """Return the planned store bytes per token for the target's shape (training/capture/plan.py's bill)."""
     from training.errors import TrainingError
     from training.capture.plan import load_shape
-    from training.storage.store import bytes_per_token
+    from training.storage.format import bytes_per_token
 
     try:
         shape = load_shape(target)
@@ -673,7 +673,7 @@ def subset_store(store_dir: str | Path, ids: Iterable[str], out: str | Path,
     the shards linked, never copied); return its directory. `entries`: the store's index entries
     when the caller already read them."""
     from training.io.atomic import output_folder
-    from training.storage.store import atomic_write_json, read_index
+    from training.storage.index import atomic_write_json, read_index
 
     src, out = Path(store_dir).resolve(), Path(out)
     if entries is None:
@@ -721,7 +721,7 @@ def run_point(run_dir: str | Path) -> RunFigures:
     acceptance is a BadPointError naming the run."""
     from training.errors import TrainingError
     from training.feed.batches import training_ids
-    from training.storage.store import read_index
+    from training.storage.index import read_index
 
     run = Path(run_dir)
     try:
@@ -884,7 +884,7 @@ def train_nested(
     subset's run (a progress bar)."""
     from training.feed.batches import split_eval
     from training.io.atomic import output_folder
-    from training.storage.store import read_index
+    from training.storage.index import read_index
     from training.train.config import TrainConfig
     from training.train.trainer import train
 

@@ -51,8 +51,10 @@ from safetensors.torch import load_file
 from curator import http
 from curator.engines import vllm
 from curator.errors import ConfigError, EndpointError
-from training.capture.hidden_states import ExtractStats, PreparedSample, prepare_samples
-from training.storage.store import HiddenStateSample, StoreMeta, StoreWriter
+from training.capture.prepare import PreparedSample, prepare_samples
+from training.capture.stats import ExtractStats
+from training.storage.format import HiddenStateSample, StoreMeta
+from training.storage.writer import StoreWriter
 from training.target.config import read_target_config
 
 LOCK_POLL_S = 0.01  # how often a reader retries the shared lock while the engine writes

@@ -49,6 +49,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def target(tiny_target: Path):
     """The tiny target loaded as (model, tokenizer), on the one thread set above. A module may define
     its own `target`."""
-    from training.eval.decode import load_target
+    from training.eval.evaluate import load_target
 
     return load_target(tiny_target)

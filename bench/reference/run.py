@@ -46,10 +46,13 @@ from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.mix.publish import write_tables  # noqa: E402
 from training.capture import hidden_states  # noqa: E402
 from training.io.atomic import write_text  # noqa: E402
-from training.eval.decode import DraftProposer, EvalPrompt, Sampling, evaluate, load_target  # noqa: E402
+from training.eval.evaluate import evaluate, load_target  # noqa: E402
+from training.eval.prompts import EvalPrompt  # noqa: E402
+from training.eval.proposers import DraftProposer  # noqa: E402
+from training.eval.sampling import Sampling  # noqa: E402
 from training.export.export import export_checkpoint  # noqa: E402
 from training.eagle3.load import load_draft  # noqa: E402
-from training.storage.store import HiddenStateStore  # noqa: E402
+from training.storage.reader import HiddenStateStore  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
 from training.eagle3.objective import offline_metrics  # noqa: E402

@@ -54,11 +54,13 @@ from curator.generate import GenerateConfig, generate  # noqa: E402
 from curator.traffic.classify import classify  # noqa: E402
 from training.capture import hidden_states  # noqa: E402
 from training.io.atomic import write_text  # noqa: E402
-from training.eval.decode import DraftProposer, EvalPrompt, evaluate, load_target  # noqa: E402
+from training.eval.evaluate import evaluate, load_target  # noqa: E402
+from training.eval.prompts import EvalPrompt  # noqa: E402
+from training.eval.proposers import DraftProposer  # noqa: E402
 from training.export.export import export_checkpoint  # noqa: E402
 from training.eagle3.load import load_draft  # noqa: E402
 from training.eval.simulate import traffic_weighted  # noqa: E402
-from training.storage.store import HiddenStateStore  # noqa: E402
+from training.storage.reader import HiddenStateStore  # noqa: E402
 from training.target.toy import train_tokenizer  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
 from training.train.trainer import train  # noqa: E402
@@ -341,7 +343,7 @@ def forecast_check(rows: dict[str, Any], small: int, large: int, steps: int, sha
 def goal_forecast(saved: dict[str, Any], goal: float, figure: str) -> dict[str, Any]:
     """Return `curator forecast`'s answer for `goal` from a saved run's matched drafts, priced at the
     run's own generation figures (tokens per sample, output tokens/s) and the target's bytes per token."""
-    from training.storage.store import bytes_per_token
+    from training.storage.format import bytes_per_token
 
     rows, s = saved["drafts"], saved["settings"]
     pts = fc.points_by_category([(r["category_samples"], r[figure]) for t, r in rows.items() if t.startswith("matched-")])

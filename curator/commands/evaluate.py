@@ -44,7 +44,9 @@ def eval_command(
     import torch
 
     from curator.evaluation.weighting import eval_weights
-    from training.eval.decode import Sampling, held_out_split, load_prompt_file, load_target, spread_by_category
+    from training.eval.evaluate import load_target
+    from training.eval.prompts import held_out_split, load_prompt_file, spread_by_category
+    from training.eval.sampling import Sampling
     from training.eagle3.load import load_draft
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -91,7 +93,7 @@ def eval_command(
 
 def render_eval(report: Any, wall_s: float) -> None:
     """Print the summary, per-position and per-category tables."""
-    from training.eval.decode import finite
+    from training.eval.evaluate import finite
 
     overall = report.overall
     rows: list[tuple[str, Any]] = [
@@ -147,7 +149,7 @@ def render_eval(report: Any, wall_s: float) -> None:
 
 def render_traffic(report: Any, source: str) -> None:
     """Print acceptance per traffic category and weighted by the profile's shares, measured and simulated."""
-    from training.eval.decode import finite
+    from training.eval.evaluate import finite
 
     measured = report.traffic or {}
     simulated = (report.offline or {}).get("traffic_weighted") or {}
@@ -172,7 +174,7 @@ def render_traffic(report: Any, source: str) -> None:
 
 def category_rows(report: Any) -> list[list[Any]]:
     """Return per category: measured forwards and acceptance length beside the simulated ones."""
-    from training.eval.decode import finite
+    from training.eval.evaluate import finite
 
     sim = ((report.offline or {}).get("simulated") or {}).get("categories") or {}
     names = sorted(set(report.categories) | set(sim))

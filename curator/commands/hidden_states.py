@@ -15,7 +15,7 @@ from curator.ui import console, human_bytes, progress, quiet_library_progress, r
 
 if TYPE_CHECKING:  # the model side imports torch: only a command that runs pays for it
     from training.records.chat_tokens import GenerationReadStats
-    from training.capture.hidden_states import ExtractStats
+    from training.capture.stats import ExtractStats
     from training.capture.plan import DiskPlan
 
 
@@ -219,7 +219,7 @@ def _print_server_command(
     from curator.hidden_vllm import layer_explanation, server_command
     from training.target.layers import check_layer_ids, default_aux_layers
     from training.capture.plan import load_shape
-    from training.storage.store import StoreMeta
+    from training.storage.format import StoreMeta
 
     if local is None:
         raise ConfigError(f"{model} is not a local directory: pass --target-dir with the target's config.json")

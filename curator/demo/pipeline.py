@@ -440,7 +440,7 @@ class Demo:
 
         def fn() -> dict[str, Any]:
             from curator.capture import CaptureSettings, capture_hidden_states
-            from training.storage.store import HiddenStateStore
+            from training.storage.reader import HiddenStateStore
 
             capture_hidden_states(CaptureSettings(model=str(self.w / "target"), data=self.w / "gen",
                                                   out=self.w / "states"))
@@ -533,7 +533,8 @@ class Demo:
             from curator.evaluation.measure import measure
             from curator.mix.prompts import mix_prompts
             from curator.evaluation.weighting import eval_weights
-            from training.eval.decode import held_out_split, load_target
+            from training.eval.evaluate import load_target
+            from training.eval.prompts import held_out_split
             from training.eagle3.load import load_draft
 
             chosen, _ = mix_prompts(prompts)

@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 from curator.engines.launch import int_or_none
 from curator.errors import ConfigError
 from training.eagle3.layouts import Layout, layout_of
+from training.eagle3.layouts.base import provenance
 from training.errors import ModelMismatchError
 
 
@@ -46,6 +47,11 @@ class DraftLayout:
     @property
     def draft_vocab_size(self) -> int | None:
         return int_or_none(self.config.get("draft_vocab_size"))
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """Return the toolkit's record of how the draft was trained; {} for a draft from elsewhere."""
+        return provenance(self.config)
 
     @property
     def aux_layer_ids(self) -> list[int] | None:

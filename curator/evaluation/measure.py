@@ -17,7 +17,8 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
     `weights` (curator.evaluation.weighting.eval_weights) its traffic-weighted figures; with `offline`
     (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
     the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
-    from training.eval.decode import DraftProposer, evaluate, offline_estimate
+    from training.eval.evaluate import evaluate, offline_estimate
+    from training.eval.proposers import DraftProposer
     from training.eval.simulate import traffic_weighted
 
     with progress() as bar:

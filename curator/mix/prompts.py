@@ -9,7 +9,7 @@ from typing import Any
 def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
     """Return the prompts of a finished mix (each row's first context to answer) and the count of malformed rows."""
     from curator.rows.schema import BadRow, first_context, open_mix
-    from training.eval.decode import EvalPrompt
+    from training.eval.prompts import EvalPrompt
 
     prompts, malformed = [], 0
     for row in open_mix(mix_dir).rows():

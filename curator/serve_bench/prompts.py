@@ -12,8 +12,8 @@ from curator.serve_bench.run import BenchPrompt
 def held_out_rows(ids: list[str], draft_dir: Path) -> tuple[set[str], str]:
     """Return the row ids the draft never trained on, by the split its checkpoint recorded, and how."""
     from training.feed.batches import split_eval
-    from training.eval.decode import held_out_split
-    from training.storage.store import HiddenStateStore
+    from training.eval.prompts import held_out_split
+    from training.storage.reader import HiddenStateStore
 
     split = held_out_split(draft_dir)
     if split.eval_store:
@@ -30,7 +30,7 @@ def load_bench_prompts(path: Path, *, draft_dir: Path | None = None, tokenizer_d
     split, else every row, labelled as possibly trained on. With `tokenizer_dir` each prompt is also
     rendered to token ids with the target's chat template (SGLang's /generate takes ids).
     """
-    from training.eval.decode import load_prompt_file, spread_by_category
+    from training.eval.prompts import load_prompt_file, spread_by_category
 
     if path.is_dir():
         from curator.mix.prompts import mix_prompts
@@ -52,7 +52,7 @@ def load_bench_prompts(path: Path, *, draft_dir: Path | None = None, tokenizer_d
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
 
-        from training.eval.decode import render_prompt
+        from training.eval.prompts import render_prompt
 
         if not (tokenizer_dir / "tokenizer_config.json").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
             raise ConfigError(f"{tokenizer_dir} holds no tokenizer: pass the target's local model directory")

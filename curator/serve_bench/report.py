@@ -107,7 +107,7 @@ class ServeBenchReport:
         return {c: verdict(self.speedup(c)) for c in self.concurrencies()}
 
     def to_json(self) -> dict[str, Any]:
-        from training.eval.decode import finite
+        from training.eval.evaluate import finite
 
         return finite({
             "prompts": self.prompts_source, "max_tokens": self.max_tokens, "temperature": self.temperature,

@@ -97,7 +97,7 @@ def test_reference_multidomain_runs_at_toy_size(tmp_path: Path) -> None:
     assert main(["--findings-from", str(out)]) == 0
     # the forecast's cost inputs, read from this run's own generation output and target
     from curator import forecast as fc
-    from training.storage.store import bytes_per_token
+    from training.storage.format import bytes_per_token
 
     gen = fc.generation_cost(tmp_path / "w" / "gen-union")
     assert set(gen.tokens_per_sample) <= {"agentic", "code", "reasoning", "chat"} and gen.output_tokens_per_s > 0

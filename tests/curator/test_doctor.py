@@ -196,7 +196,8 @@ def test_suggested_command_fixes_the_flags_and_keeps_the_rest(target: Path, good
 
 
 def write_store(root: Path, layer_ids: list[int], convention: str = "sglang-input") -> Path:
-    from training.storage.store import StoreMeta, StoreWriter
+    from training.storage.format import StoreMeta
+    from training.storage.writer import StoreWriter
 
     meta = StoreMeta(target="target", hidden_size=H, num_layers=LAYERS, vocab_size=VOCAB, aux_layer_ids=layer_ids,
                      layer_convention=convention, dtype="bf16", has_final=False)
@@ -449,3 +450,16 @@ def test_a_target_with_impossible_sizes_is_never_ready_to_serve(tmp_path: Path, 
     report = diagnose(good_draft, bad)
     assert not report.ok and any(c.name == "target config" and "-1" in c.detail for c in report.errors)
     assert main(["doctor", "--draft", str(good_draft), "--model", str(bad)]) == 1
+
+
+@pytest.mark.parametrize("record", ["a string", ["a", "list"], 7])
+def test_a_provenance_record_that_is_not_an_object_is_read_as_a_draft_from_elsewhere(
+        record: object, target: Path, good_draft: Path) -> None:
+    # A hand-edited or foreign config's "curator" key is untrusted: it must not crash the doctor
+    # (it did: `.get` on a string), only make the draft one with no record of its training.
+    config_path = good_draft / "config.json"
+    config = json.loads(config_path.read_text())
+    config["curator"] = record
+    config_path.write_text(json.dumps(config))
+    report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
+    assert {"architecture", "fc shape", "vocab size"} <= {c.name for c in report.checks}

@@ -14,7 +14,9 @@ import torch
 from curator import forecast as fc
 from curator.cli import main
 from curator.errors import ConfigError
-from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
+from training.storage.format import HiddenStateSample, StoreMeta
+from training.storage.reader import HiddenStateStore
+from training.storage.writer import StoreWriter
 
 
 def loglinear(ns, a=1.2, b=0.15, wiggle=(0.004, -0.006, 0.005, -0.003)):

@@ -14,8 +14,10 @@ from curator.hidden_vllm import VllmOptions, extract_vllm, load_final_norm
 from tests.fakes.vllm_server import FakeVllmServer
 from tests.training.capture.test_hidden_states import conversation, write_gen
 from training.records.chat_tokens import iter_generation
-from training.capture.hidden_states import extract, load_target, store_meta
-from training.storage.store import HiddenStateStore
+from training.capture.forward import load_target
+from training.capture.hidden_states import extract
+from training.capture.prepare import store_meta
+from training.storage.reader import HiddenStateStore
 
 ENGINE_LAYERS = [1, 2, 3, 4]  # tiny target: default aux [1, 2, 3] + N=4 for the final state
 

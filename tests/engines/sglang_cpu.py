@@ -117,7 +117,7 @@ class SGLangDraft:
 
 
 class SGLangProposer:
-    """training.eval.decode's Proposer, drafting with SGLang's module (a chain, as topk 1 serves)."""
+    """training.eval.proposers' Proposer, drafting with SGLang's module (a chain, as topk 1 serves)."""
 
     def __init__(self, draft: SGLangDraft, captured_layers: list[int]) -> None:
         self.draft = draft

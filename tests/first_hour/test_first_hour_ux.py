@@ -158,7 +158,7 @@ def test_build_mix_offline_names_every_dataset_missing_from_the_cache(
 @pytest.fixture
 def load_target_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The target loads `curator eval` started (the real loader, counted)."""
-    import training.eval.decode as evaluate
+    import training.eval.evaluate as evaluate
 
     calls: list[Path] = []
     real = evaluate.load_target

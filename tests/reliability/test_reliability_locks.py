@@ -44,7 +44,7 @@ def test_a_second_hidden_states_run_on_one_out_is_refused_naming_the_pid(
 ) -> None:
     from tests.training.capture.test_hidden_states import conversation, write_gen
     from training.errors import StoreError
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(40)], per_shard=10)
     store = tmp_path / "store"
@@ -86,7 +86,9 @@ def test_a_dead_writers_lock_is_taken_over(tiny_target: Path, tmp_path: Path) ->
 
 def test_merge_index_keeps_the_part_of_a_writer_still_running(tmp_path: Path) -> None:
     from tests.training.storage.test_store import meta, sample
-    from training.storage.store import HiddenStateStore, StoreWriter, merge_index
+    from training.storage.index import merge_index
+    from training.storage.reader import HiddenStateStore
+    from training.storage.writer import StoreWriter
 
     live = StoreWriter(tmp_path, meta(), shard_max_bytes=1)  # every sample is flushed as its own shard
     live.add(sample(0))

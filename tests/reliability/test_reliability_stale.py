@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_store_leftovers_are_not_counted_and_are_removed_by_the_next_run(tiny_target: Path, tmp_path: Path) -> None:
     from tests.training.capture.test_hidden_states import conversation, write_gen
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     store = tmp_path / "store"
     args = ["hidden-states", "--model", str(tiny_target), "--out", str(store)]

@@ -93,7 +93,7 @@ def gen_with_hostile_records(tmp_path: Path) -> Path:
 def test_hidden_states_and_plan_count_hostile_records_as_malformed(
     tiny_target: Path, gen_with_hostile_records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     assert main(["plan", "--model", str(tiny_target), "--data", str(gen_with_hostile_records), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -113,7 +113,7 @@ def test_a_5000_digit_integer_is_one_malformed_row_in_profile_build_mix_plan_and
 ) -> None:
     """issue 38 item 7: "unexpected ValueError" once stopped each of these stages."""
     from tests.training.capture.test_hidden_states import conversation, write_gen
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
 
     good = [{"messages": [{"role": "user", "content": f"how do I sort list {i}?"}]} for i in range(6)]
     lines = [json.dumps(r) for r in good] + ['{"messages": [{"role": "user", "content": "x"}], "n": ' + HUGE_INT + "}"]

@@ -85,7 +85,8 @@ def spec_args(draft: Path, steps: int = STEPS, method: str = "eagle3") -> list[s
 def heldout_prompt_ids(demo: Path) -> list[tuple[str, list[int]]]:  # noqa: F811
     """The held-out traffic prompts `curator eval` decodes in the demo, as the ids it renders."""
     from curator.mix.prompts import mix_prompts
-    from training.eval.decode import load_target, render_prompt
+    from training.eval.evaluate import load_target
+    from training.eval.prompts import render_prompt
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")
     _, tokenizer = load_target(demo / "target")
@@ -96,7 +97,7 @@ def toolkit_acceptance(demo: Path, draft: Path) -> dict[str, Any]:  # noqa: F811
     """`curator eval`'s figures for `draft` on the held-out prompts (greedy, STEPS, MAX_NEW_TOKENS)."""
     from curator.evaluation.measure import measure
     from curator.mix.prompts import mix_prompts
-    from training.eval.decode import load_target
+    from training.eval.evaluate import load_target
     from training.eagle3.load import load_draft
 
     prompts, _ = mix_prompts(demo / "mix" / ".heldout")

@@ -53,8 +53,8 @@ def test_engine_states_equal_the_transformers_capture(demo: Path, logs: Path, tm
     from curator.capture import CaptureSettings, capture_hidden_states
     from curator.cli import main
     from curator.hidden_vllm import VllmExtractor, server_command
-    from training.capture.hidden_states import load_target
-    from training.storage.store import HiddenStateStore
+    from training.capture.forward import load_target
+    from training.storage.reader import HiddenStateStore
 
     hf_store = HiddenStateStore.open(demo / "states")  # the demo's own transformers capture
     layers = list(hf_store.meta.aux_layer_ids)

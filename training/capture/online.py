@@ -14,17 +14,11 @@ from typing import Any
 
 import torch
 
+from training.capture.forward import capture_batch, load_target, pad_batch
+from training.capture.prepare import PreparedSample, prepare_samples, store_meta
+from training.capture.stats import ExtractStats
 from training.records.chat_tokens import GenerationReadStats, iter_generation
-from training.capture.hidden_states import (
-    ExtractStats,
-    PreparedSample,
-    capture_batch,
-    load_target,
-    pad_batch,
-    prepare_samples,
-    store_meta,
-)
-from training.storage.store import HiddenStateSample, StoreMeta
+from training.storage.format import HiddenStateSample, StoreMeta
 
 
 class OnlineStates:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.records.chat_tokens import MalformedRecordError, template_messages, template_options, tokenize_rows
 from training.errors import TrainingError
+from training.records.chat_tokens import MalformedRecordError, template_messages, template_options, tokenize_rows
+from training.storage.format import bytes_per_token
 from training.target.config import config_path, read_target_config
-from training.storage.store import bytes_per_token
 
 DEFAULT_MAX_LENS = (1024, 512)
 

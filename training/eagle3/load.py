@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from training.eagle3.layouts import Layout, layout_of
+from training.eagle3.layouts.base import provenance
 from training.eagle3.model import Eagle3Draft
 from training.eagle3.weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
@@ -40,7 +41,7 @@ def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> 
     """
     root = Path(export_dir)
     config = read_export_config(root)
-    target = target_dir or (config.get("curator") or {}).get("target_dir")
+    target = target_dir or provenance(config).get("target_dir")
     target_config = read_target_config(target) if target and Path(target).exists() else None
     layout: Layout = layout_of(config)
     try:

@@ -37,9 +37,9 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from training.feed.batches import load_batch
 from training.eagle3.model import Eagle3Draft, TTTCache
 from training.errors import TrainingError
+from training.feed.batches import load_batch
 
 
 @dataclass

@@ -14,7 +14,8 @@ import torch
 
 from training.errors import StoreError
 from training.capture.online import OnlineStates
-from training.storage.store import HiddenStateStore, dequantize_fp8
+from training.storage.fp8 import dequantize_fp8
+from training.storage.reader import HiddenStateStore
 
 if TYPE_CHECKING:  # engine.py sits beside this module and imports nothing of it
     from training.feed.engine import EngineStates

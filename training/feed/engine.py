@@ -40,10 +40,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from training.capture.hidden_states import ExtractStats, PreparedSample, prepare_samples, store_meta
+from training.capture.prepare import PreparedSample, prepare_samples, store_meta
+from training.capture.stats import ExtractStats
 from training.errors import TrainingError
 from training.records.chat_tokens import GenerationReadStats, iter_generation
-from training.storage.store import HiddenStateSample, StoreMeta, bytes_per_token
+from training.storage.format import HiddenStateSample, StoreMeta, bytes_per_token
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -114,7 +115,7 @@ def sample_bytes(meta: StoreMeta, tokens: int) -> int:
 
 
 def as_stored(s: HiddenStateSample) -> HiddenStateSample:
-    """Return `s` with its states rounded to bf16 as a store writes them (training.storage.store), so that
+    """Return `s` with its states rounded to bf16 as a store writes them (training.storage.writer), so that
     an engine serving in float32 feeds the draft exactly what a store of its states would."""
     s.aux = s.aux.detach().cpu().to(torch.bfloat16)
     if s.final is not None:

@@ -20,7 +20,7 @@ import torch
 
 from training.feed.batches import Batch, States
 from training.errors import StoreError
-from training.storage.store import dequantize_fp8
+from training.storage.fp8 import dequantize_fp8
 
 
 @dataclass

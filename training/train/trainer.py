@@ -59,7 +59,8 @@ from training.capture.online import OnlineStates
 from training.feed.engine import CaptureFactory, EngineFeedError, EngineStates, parse_bytes
 from training.io.outlock import OutputLock
 from training.eval.simulate import simulated_eval
-from training.storage.store import HiddenStateStore, StoreMeta
+from training.storage.format import StoreMeta
+from training.storage.reader import HiddenStateStore
 from training.target.config import read_target_config
 from training.io.tempfiles import remove_stale_checkpoints
 from training.target.head import TargetHead, load_embeddings

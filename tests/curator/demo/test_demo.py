@@ -13,7 +13,7 @@ from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
 from curator.rows.schema import MANIFEST, open_mix
-from training.storage.store import HiddenStateStore
+from training.storage.reader import HiddenStateStore
 
 
 @pytest.mark.slow

@@ -11,17 +11,13 @@ import pytest
 import torch
 
 from training.records.chat_tokens import GenerationReadStats, iter_generation, tokenize_record, tokenize_rows
-from training.capture.hidden_states import (
-    ExtractStats,
-    capture_batch,
-    extract,
-    length_batches,
-    load_target,
-    merge_index,
-    store_meta,
-)
+from training.capture.forward import capture_batch, load_target
+from training.capture.hidden_states import extract
+from training.capture.prepare import length_batches, store_meta
+from training.capture.stats import ExtractStats
+from training.storage.index import merge_index
 from training.target.layers import default_aux_layers
-from training.storage.store import HiddenStateStore
+from training.storage.reader import HiddenStateStore
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -122,7 +118,8 @@ def test_loss_mask_with_a_template_that_drops_earlier_reasoning(target: tuple[An
 
 def test_a_record_split_into_rows_resumes_the_rows_a_kill_left_out(target: tuple[Any, Any]) -> None:
     """Rows of one record land in different shards: a kill can store `q` without `q#1`."""
-    from training.capture.hidden_states import ExtractStats, prepare_samples
+    from training.capture.prepare import prepare_samples
+    from training.capture.stats import ExtractStats
 
     tok2, rec = reasoning_dropping_template(target)
     stats = ExtractStats()
@@ -309,8 +306,10 @@ def test_gpu_bench_logic_runs_tiny_on_cpu(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_async_host_copy_matches_a_plain_copy(dtype: str) -> None:
-    from training.capture.hidden_states import CapturedStates, HostCopier
-    from training.storage.store import StoreMeta, quantize_fp8
+    from training.capture.forward import CapturedStates
+    from training.capture.host import HostCopier
+    from training.storage.format import StoreMeta
+    from training.storage.fp8 import quantize_fp8
 
     g = torch.Generator(device="cuda").manual_seed(0)
     aux = torch.randn(2, 16, 3 * 32, device="cuda", generator=g, dtype=torch.bfloat16)

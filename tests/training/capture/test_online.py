@@ -11,7 +11,7 @@ import torch
 from tests.conftest import toy_corpus
 from training.capture.hidden_states import run as capture
 from training.capture.online import OnlineStates
-from training.storage.store import HiddenStateStore
+from training.storage.reader import HiddenStateStore
 from training.train.config import TrainConfig
 from training.train.trainer import train
 

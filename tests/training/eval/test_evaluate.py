@@ -11,16 +11,10 @@ import torch
 from tests.conftest import toy_corpus
 from training.eagle3.model import DraftConfig, Eagle3Draft
 from training.errors import TrainingError
-from training.eval.decode import (
-    DraftProposer,
-    EvalPrompt,
-    GreedyMismatchError,
-    evaluate,
-    greedy_decode,
-    load_prompt_file,
-    render_prompt,
-    speculative_decode,
-)
+from training.eval.decode import GreedyMismatchError, greedy_decode, speculative_decode
+from training.eval.evaluate import evaluate
+from training.eval.prompts import EvalPrompt, load_prompt_file, render_prompt
+from training.eval.proposers import DraftProposer
 
 STEPS = 3
 MAX_NEW = 16
@@ -219,7 +213,8 @@ def test_prompt_file_counts_malformed_lines(tmp_path: Path) -> None:
 
 def write_store(model, tokenizer, root: Path, n: int = 12) -> Path:
     """A hidden-state store captured from the tiny target at AUX_IDS (answers = the target's greedy)."""
-    from training.storage.store import HiddenStateSample, StoreMeta, StoreWriter
+    from training.storage.format import HiddenStateSample, StoreMeta
+    from training.storage.writer import StoreWriter
 
     meta = StoreMeta(target="tiny", hidden_size=model.config.hidden_size, num_layers=model.config.num_hidden_layers,
                      vocab_size=model.config.vocab_size, aux_layer_ids=AUX_IDS, dtype="bf16", has_final=True)
@@ -254,9 +249,10 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
 
 
 def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
-    from training.eval.decode import held_out_split, offline_estimate
+    from training.eval.evaluate import offline_estimate
+    from training.eval.prompts import held_out_split
     from training.eagle3.load import load_draft
-    from training.storage.store import HiddenStateStore
+    from training.storage.reader import HiddenStateStore
     from training.feed.batches import split_eval
 
     model, tokenizer = target
@@ -273,7 +269,7 @@ def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured
 
 
 def test_estimate_on_the_training_store_of_a_run_with_a_separate_held_out_store_is_refused(target, tiny_target: Path, tmp_path: Path) -> None:
-    from training.eval.decode import held_out_split
+    from training.eval.prompts import held_out_split
 
     model, tokenizer = target
     train_store = write_store(model, tokenizer, tmp_path / "train", n=2)
@@ -287,8 +283,8 @@ def test_estimate_on_the_training_store_of_a_run_with_a_separate_held_out_store_
 
 def test_a_hash_split_carries_over_to_another_store_by_sample_id(target, tiny_target: Path, tmp_path: Path) -> None:
     from training.feed.batches import split_eval
-    from training.eval.decode import held_out_split
-    from training.storage.store import HiddenStateStore
+    from training.eval.prompts import held_out_split
+    from training.storage.reader import HiddenStateStore
 
     model, tokenizer = target
     store = write_store(model, tokenizer, tmp_path / "store", n=8)
@@ -299,7 +295,7 @@ def test_a_hash_split_carries_over_to_another_store_by_sample_id(target, tiny_ta
 
 
 def test_another_store_loses_the_ids_a_separate_held_out_run_trained_on(target, tiny_target: Path, tmp_path: Path) -> None:
-    from training.eval.decode import held_out_split
+    from training.eval.prompts import held_out_split
 
     model, tokenizer = target
     train_store = write_store(model, tokenizer, tmp_path / "train", n=3)
@@ -310,7 +306,7 @@ def test_another_store_loses_the_ids_a_separate_held_out_run_trained_on(target, 
 
 
 def test_a_draft_without_checkpoint_provenance_gets_no_offline_estimate(tmp_path: Path) -> None:
-    from training.eval.decode import held_out_split
+    from training.eval.prompts import held_out_split
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
     with pytest.raises(TrainingError, match="held-out split is unknown"):

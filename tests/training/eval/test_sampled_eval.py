@@ -21,10 +21,13 @@ from tests.conftest import toy_corpus
 from tests.training.eval.test_simulate import AUX_IDS, MemoryStates, echo_draft
 
 from training.errors import TrainingError
-from training.eval.decode import (DraftProposer, EvalPrompt, Sampling, evaluate, render_prompt,
-                               speculative_decode)
+from training.eval.decode import speculative_decode
+from training.eval.evaluate import evaluate
+from training.eval.prompts import EvalPrompt, render_prompt
+from training.eval.proposers import DraftProposer
+from training.eval.sampling import Sampling
 from training.eval.simulate import AcceptanceStats, simulate_acceptance
-from training.storage.store import HiddenStateSample
+from training.storage.format import HiddenStateSample
 
 STEPS = 3
 # The tiny target is random-init: its logits spread over ~0.15, so T=0.04 makes a peaked but not
@@ -171,7 +174,7 @@ def test_cli_eval_samples_at_a_temperature_and_refuses_top_p_alone(target, tiny_
 
 
 def test_each_node_is_drawn_from_its_own_position_and_shared_nodes_once() -> None:
-    from training.eval.decode import _draw_per_node
+    from training.eval.sampling import draw_per_node
 
     # 2 paths sharing their first drafted token (7): positions (0,0)=(1,0) are the root and (0,1)=(1,1)
     # the node after 7, so each pair must get one draw; every other position is its own node.
@@ -183,13 +186,13 @@ def test_each_node_is_drawn_from_its_own_position_and_shared_nodes_once() -> Non
         for i in range(4):
             logits[p, i, 10 + 4 * p + i] = 0.0  # a one-hot law: a token unique to (path, position)
     logits[1, 0], logits[1, 1] = logits[0, 0], logits[0, 1]  # shared nodes have one law
-    choice = _draw_per_node(logits, drafted, lengths, Sampling(1.0), torch.Generator().manual_seed(0))
+    choice = draw_per_node(logits, drafted, lengths, Sampling(1.0), torch.Generator().manual_seed(0))
     assert choice[0].tolist() == [10, 11, 12, 13]
     assert choice[1, :3].tolist() == [10, 11, 16]  # past path 1's end (position 3) nothing is read
     # a shared node drawn twice would disagree between the paths half the time with a spread law
     spread = torch.zeros(2, 4, vocab)
     agree = all(
         (lambda c: c[0, 0] == c[1, 0] and c[0, 1] == c[1, 1])(
-            _draw_per_node(spread, drafted, lengths, Sampling(1.0), torch.Generator().manual_seed(s)))
+            draw_per_node(spread, drafted, lengths, Sampling(1.0), torch.Generator().manual_seed(s)))
         for s in range(20))
     assert agree

@@ -9,12 +9,9 @@ import torch
 from tests.conftest import toy_corpus
 
 from training.eagle3.model import Eagle3Draft
-from training.eval.decode import (
-    DraftProposer,
-    greedy_decode,
-    render_prompt,
-    speculative_decode,
-)
+from training.eval.decode import greedy_decode, speculative_decode
+from training.eval.prompts import render_prompt
+from training.eval.proposers import DraftProposer
 from training.eval.simulate import (
     AcceptanceStats,
     DraftTree,
@@ -24,7 +21,7 @@ from training.eval.simulate import (
     simulated_eval,
     walk_cycles,
 )
-from training.storage.store import HiddenStateSample
+from training.storage.format import HiddenStateSample
 
 STEPS = 3
 MAX_NEW = 24

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.capture.hidden_states import PreparedSample
+from training.capture.prepare import PreparedSample
 from training.errors import TrainingError
 from training.feed.engine import EngineFeedError, EngineStates, SampleCache, parse_bytes, sample_bytes
-from training.storage.store import HiddenStateSample, StoreMeta
+from training.storage.format import HiddenStateSample, StoreMeta
 
 META = StoreMeta(target="t", hidden_size=4, num_layers=4, vocab_size=50, aux_layer_ids=[1, 2, 3])
 

@@ -175,7 +175,8 @@ def test_tool_calls_are_read_back_from_each_targets_own_format(fmt: str, text: s
 
 
 def test_hidden_states_and_plan_read_the_stored_ids_and_say_which_mode_made_each_sample() -> None:
-    from training.capture.hidden_states import ExtractStats, prepare_samples
+    from training.capture.prepare import prepare_samples
+    from training.capture.stats import ExtractStats
     from training.capture.plan import data_lengths
 
     token = {"id": "t", "mode": "token", "messages": [
@@ -190,8 +191,10 @@ def test_hidden_states_and_plan_read_the_stored_ids_and_say_which_mode_made_each
 
 
 def test_the_store_records_which_mode_made_each_sample(tmp_path: Path, tiny_target: Path) -> None:
-    from training.capture.hidden_states import extract, load_target, store_meta
-    from training.storage.store import HiddenStateStore
+    from training.capture.forward import load_target
+    from training.capture.hidden_states import extract
+    from training.capture.prepare import store_meta
+    from training.storage.reader import HiddenStateStore
 
     model, tok = load_target(tiny_target, "cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "def value"}], tokenize=True,

@@ -9,16 +9,11 @@ import pytest
 import torch
 
 from training.errors import StoreError
-from training.storage.store import (
-    HiddenStateSample,
-    HiddenStateStore,
-    StoreMeta,
-    StoreWriter,
-    bytes_per_token,
-    dequantize_fp8,
-    merge_index,
-    quantize_fp8,
-)
+from training.storage.format import HiddenStateSample, StoreMeta, bytes_per_token
+from training.storage.fp8 import dequantize_fp8, quantize_fp8
+from training.storage.index import merge_index
+from training.storage.reader import HiddenStateStore
+from training.storage.writer import StoreWriter
 
 H = 16
 
@@ -190,7 +185,7 @@ def test_bytes_per_token_counts_aux_final_and_scales() -> None:
 
 
 def test_fp8_quantised_upstream_stores_the_same_bytes_as_quantised_by_the_writer(tmp_path: Path) -> None:
-    from training.storage.store import quantize_fp8
+    from training.storage.fp8 import quantize_fp8
 
     meta = StoreMeta(target="t", hidden_size=8, num_layers=6, vocab_size=50, aux_layer_ids=[1, 2, 3], dtype="fp8",
                      has_final=True)

@@ -13,7 +13,10 @@ from safetensors.torch import load_file, save_file
 
 from curator.cli import main
 from training.errors import StoreIntegrityError
-from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter, merge_index
+from training.storage.format import HiddenStateSample, StoreMeta
+from training.storage.index import merge_index
+from training.storage.reader import HiddenStateStore
+from training.storage.writer import StoreWriter
 
 H = 8
 

@@ -23,7 +23,7 @@ from training.eagle3.objective import (
 )
 from training.feed.packing import PackedBatch, from_padded, pack_samples, plan_micro_batches
 from training.eagle3.soft_ce import soft_cross_entropy_sum
-from training.storage.store import HiddenStateSample
+from training.storage.format import HiddenStateSample
 from training.target.head import TargetHead
 from training.eagle3.ttt_attention import PackedTTTCache
 

@@ -25,7 +25,7 @@ from tests.training.train.test_trainer import make_store, read_metrics, tiny_con
 from training.train.checkpoint import TRAINER_STATE, latest_checkpoint
 from training.errors import DivergedError, StoreIntegrityError, TrainingError
 from training.io.outlock import OutputBusyError
-from training.storage.store import read_index
+from training.storage.index import read_index
 from training.train.config import TrainConfig, load_run_config
 from training.train.trainer import run_lock, train
 

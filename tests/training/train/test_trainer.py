@@ -16,7 +16,9 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from tests.conftest import toy_corpus
 from training.errors import ModelMismatchError, TrainingError
-from training.storage.store import HiddenStateSample, HiddenStateStore, StoreMeta, StoreWriter
+from training.storage.format import HiddenStateSample, StoreMeta
+from training.storage.reader import HiddenStateStore
+from training.storage.writer import StoreWriter
 from training.target.head import TargetHead
 from training.target.toy import build_target
 from training.train.config import TrainConfig

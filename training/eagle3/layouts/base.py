@@ -32,6 +32,15 @@ VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_outpu
 PLAIN = dict.fromkeys(VARIANT_KEYS, False)
 
 
+PROVENANCE_KEY = "curator"  # the toolkit's record in an exported config: how the draft was trained
+
+
+def provenance(config: dict[str, Any]) -> dict[str, Any]:
+    """Return the toolkit's record in an exported config; {} for a draft from elsewhere (or a record that is not an object)."""
+    block = config.get(PROVENANCE_KEY)
+    return block if isinstance(block, dict) else {}
+
+
 def flag(value: Any) -> bool:
     """Return a config value as the engines read it: Python truthiness (`bool(x)`, `getattr(config, k)`)."""
     return bool(value)
@@ -175,7 +184,7 @@ class Layout(ABC):
 
     def trained_variant(self, config: dict[str, Any]) -> dict[str, bool]:
         """Return the norms the draft was trained with: the toolkit's record, else what the layout's owner reads."""
-        recorded = (config.get("curator") or {}).get("variant")
+        recorded = provenance(config).get("variant")
         if isinstance(recorded, dict):
             return {k: bool(recorded.get(k)) for k in VARIANT_KEYS}
         return self.owner_variant(config)
@@ -191,7 +200,7 @@ class Layout(ABC):
         toolkit answers from its record.
         """
         if target_config is None or not target_config.get("num_hidden_layers"):
-            recorded = (config.get("curator") or {}).get("aux_layer_inputs")
+            recorded = provenance(config).get("aux_layer_inputs")
             if recorded:
                 return sorted(int(i) for i in recorded)
             raise ModelMismatchError("the draft's layers depend on the target; pass the target's model folder")

@@ -20,7 +20,7 @@ from typing import Any
 
 from training.errors import ModelMismatchError
 from training.target.layers import sglang_captured, sglang_config_ids, sglang_rule, vllm_captured
-from training.eagle3.layouts.base import ExportSource, Layout, flag, llama_fields
+from training.eagle3.layouts.base import PROVENANCE_KEY, ExportSource, Layout, flag, llama_fields
 from training.target.sglang_rules import SGLANG_VERSION
 
 
@@ -50,7 +50,7 @@ class SGLangLayout(Layout):
             "eagle_config": eagle_config,
             "eagle_aux_hidden_state_layer_ids": list(source.layer_inputs),
             **self.variant_config(source),
-            "curator": {**source.provenance, "sglang_layer_rule": sglang_rule(source.target_architecture),
+            PROVENANCE_KEY: {**source.provenance, "sglang_layer_rule": sglang_rule(source.target_architecture),
                         "target_architecture": source.target_architecture},
         }
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.target.layers import vllm_captured
-from training.eagle3.layouts.base import VARIANT_KEYS, ExportSource, Layout, flag, llama_fields
+from training.eagle3.layouts.base import PROVENANCE_KEY, VARIANT_KEYS, ExportSource, Layout, flag, llama_fields, provenance
 
 
 class SpeculatorsLayout(Layout):
@@ -46,7 +46,7 @@ class SpeculatorsLayout(Layout):
                              "architectures": source.target_config.get("architectures") or []},
             },
             "torch_dtype": "bfloat16",
-            "curator": source.provenance,
+            PROVENANCE_KEY: source.provenance,
         }
 
     def recognises(self, config: dict[str, Any]) -> bool:
@@ -78,7 +78,7 @@ class SpeculatorsLayout(Layout):
     def served_layer_inputs(self, config: dict[str, Any], target_config: dict[str, Any] | None) -> list[int]:
         ids = self.written_layer_ids(config)
         if (target_config is None or not target_config.get("num_hidden_layers")) and ids and \
-                not (config.get("curator") or {}).get("aux_layer_inputs"):
+                not provenance(config).get("aux_layer_inputs"):
             return vllm_captured(ids, max(ids) + 1)  # inputs as written: the target's depth is not needed
         return super().served_layer_inputs(config, target_config)
 
