@@ -458,8 +458,9 @@ def forecast_category(category: str, points: Sequence[Point], goal: float, steps
         out.verdict, out.reason = "unreachable", f"a chain of {steps} drafted tokens accepts at most {steps + 1}"
         return out
     if pts and max(p.acceptance for p in pts) >= goal:
-        reached = min(p.samples for p in pts if p.acceptance >= goal)
-        out.verdict, out.reason, out.needed = "reached", f"already measured at {reached:,} samples", float(reached)
+        first = min((p for p in pts if p.acceptance >= goal), key=lambda p: p.samples)
+        at = f" ({first.epochs:.3g} epochs)" if first.epochs is not None else ""
+        out.verdict, out.reason, out.needed = "reached", f"already measured at {first.samples:,} samples{at}", float(first.samples)
         return out
     if sizes < MIN_SIZES or best is None or ens is None:
         out.verdict = "too few runs"
