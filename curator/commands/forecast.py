@@ -72,6 +72,12 @@ def forecast_command(
         raise ConfigError("give the budget once: --epochs or --max-steps")
     if not runs and store is None:
         raise ConfigError("give --run RUN_DIR (three or more) or --store STORE --target TARGET to train nested subsets")
+    # every input is read before any draft trains: a bad report must not wait behind an hour of training
+    gen = fc.generation_cost(generation, gpus, tokens_per_s) if generation else None
+    bpt = fc.store_bytes_per_token(target, dtype) if target else None
+    breaks = list(fc.break_even_from_report(serve_report)) if serve_report else []
+    if verify_cost is not None:
+        breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
     pairs, steps, batches, fixed = [], set(), set(), set()
     bad: list[str] = []
     for run in runs or []:
@@ -97,11 +103,9 @@ def forecast_command(
     if store is not None:
         if target is None:
             raise ConfigError("--store needs --target (the drafts are trained against it)")
-        from training.train.config import load_run_config
+        from training.train.config import TrainConfig, load_run_config
 
         # train_nested sets each subset's data and out; these only satisfy the config's own check
-        from training.train.config import TrainConfig
-
         base = load_run_config(config, {"data": str(store), "target": str(target), "out": str(out)}).to_dict() if config else {}
         defaults = TrainConfig.from_dict({"data": str(store), "target": str(target), "out": str(out), **base})
         batches.add(defaults.global_batch_size)
@@ -130,11 +134,6 @@ def forecast_command(
         if len(batches) != 1:
             raise ConfigError(f"--max-steps needs one batch size, and the runs train with {sorted(batches)}: give --epochs")
         budget = fc.Budget(sequences=float(max_steps * batches.pop()))
-    gen = fc.generation_cost(generation, gpus, tokens_per_s) if generation else None
-    bpt = fc.store_bytes_per_token(target, dtype) if target else None
-    breaks = list(fc.break_even_from_report(serve_report)) if serve_report else []
-    if verify_cost is not None:
-        breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
     result = fc.make_forecast(fc.points_by_category(pairs), goal, steps.pop(), generation=gen, bytes_per_token=bpt,
                               break_even=breaks, seed=seed, budget=budget)
     render(result)

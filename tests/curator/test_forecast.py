@@ -408,3 +408,11 @@ def test_a_garbage_serve_report_is_a_named_error(
     assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--serve-report", str(report)]) == 1
     err = capsys.readouterr().err
     assert "serve.json" in err and "unexpected" not in err
+
+
+def test_a_bad_serve_report_is_refused_before_any_draft_trains(forecast_runs: dict[str, Path], tmp_path: Path) -> None:
+    report = tmp_path / "serve.json"
+    report.write_text("[1, 2]")
+    out = tmp_path / "runs"
+    assert main([*forecast_runs["args"], "--out", str(out), "--serve-report", str(report)]) == 1
+    assert not out.exists()
