@@ -32,6 +32,7 @@ from typing import Any
 import duckdb
 
 from curator.errors import CatalogError, CatalogLockedError
+from training.io.diskspace import DiskFullError, disk_full_error, is_disk_full
 
 ENV_VAR = "CURATOR_CATALOG"
 DEFAULT_PATH = "catalog.duckdb"
@@ -271,11 +272,14 @@ class Catalog:
             con.execute("BEGIN TRANSACTION")
             yield con
             con.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             try:
                 con.execute("ROLLBACK")
             except duckdb.Error:
                 pass  # the failed statement may already have ended the transaction
+            if _disk_full(exc):
+                # a full disk is not a broken catalog: nothing was written, reads still work
+                raise disk_full_error(self.path) from exc
             raise
         finally:
             if not held:
@@ -333,6 +337,12 @@ class Catalog:
         naming what is missing."""
         try:
             with self.connect() as con:
+                # Reads need no migration: a file already up to date is not written to at all, so
+                # `catalog list` and review SQL work on a full disk or a read-only copy.
+                current = _read_version(con)
+                if current == SCHEMA_VERSION and not _missing_schema(con) and _has_summary_view(con):
+                    return current
+            with self.connect() as con:
                 con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
                 before = _read_version(con)
                 if before > SCHEMA_VERSION:
@@ -347,6 +357,8 @@ class Catalog:
                     con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
                 self._repair(con)
                 con.execute(CANDIDATE_SUMMARY_VIEW)
+        except DiskFullError:
+            raise
         except duckdb.Error as exc:
             raise CatalogError(
                 f"catalog {self.path}: its schema cannot be brought up to date "
@@ -623,6 +635,8 @@ class Catalog:
 
 
 # One row per dataset across agents and runs: what a reviewer reads first.
+# Re-created by every migration run; a file already at SCHEMA_VERSION keeps the view it has, so a
+# change to this view needs a new migration (one that re-creates it) to reach existing catalogs.
 CANDIDATE_SUMMARY_VIEW = """
 CREATE OR REPLACE VIEW candidate_summary AS
 SELECT c.dataset_id,
@@ -710,6 +724,18 @@ def _missing_schema(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]
     have = _schema(con)
     missing = {t: cols - have.get(t, frozenset()) for t, cols in _expected_schema().items()}
     return {t: cols for t, cols in missing.items() if cols}
+
+
+def _has_summary_view(con: duckdb.DuckDBPyConnection) -> bool:
+    row = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'candidate_summary' AND NOT internal").fetchone()
+    return bool(row and row[0])
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether a catalog write failed for want of space (DuckDB keeps the errno only in its message)."""
+    if is_disk_full(exc):
+        return True
+    return isinstance(exc, duckdb.Error) and ("No space left on device" in str(exc) or "Disk quota exceeded" in str(exc))
 
 
 def _read_version(con: duckdb.DuckDBPyConnection) -> int:

@@ -1,12 +1,8 @@
-"""Publishing a mix folder whole: built beside it, swapped in by one rename.
+"""Publishing a mix folder whole (training.io.publish: built beside it, swapped in by one rename).
 
 Readers other than `open_mix` (DuckDB's `'MIX/*.parquet'`, pandas, `datasets`) glob the folder and
-trust what they find, so the folder must never hold parts of two mixes at once. A build therefore
-writes a complete mix into a hidden sibling (`.MIX.build.tmp-PID`) and exchanges the two folders
-in one `renameat2(RENAME_EXCHANGE)` (Linux); a glob sees the old mix or the new one. Where the
-kernel or file system cannot exchange, the old folder is renamed aside (`.MIX.old.tmp-PID`) and
-the new one into place: a glob in between finds no folder, never a mixture, and a build killed
-there has the old mix renamed back by the next one.
+trust what they find, so the folder must never hold parts of two mixes at once; training.io.publish
+says how a folder is published whole, for build-mix and export alike. What is the mix's own here:
 
 A build writes nothing into MIX itself, so it refuses a folder it would have to empty that holds
 files it did not write (a folder that is not a mix, or a mix with foreign files added): those are
@@ -16,10 +12,6 @@ itself is swapped, so the lock cannot live in it).
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import glob
-import os
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,17 +33,20 @@ from curator.rows.schema import (  # noqa: F401 - HELDOUT_DIR and OLD_LOCK_FILE:
     foreign_entries,
     is_mix,
 )
-from training.io.atomic import TMP_MARK, fsync_path
 from training.io.outlock import OutputBusyError, OutputLock
+from training.io.publish import Publisher
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
+STAGE_TAG = "build"  # a build's staging folder: `.MIX.build.tmp-PID`
 
 
 def real_out(out_dir: str | Path) -> Path:
     """Return the folder a build replaces: `out_dir`, or the folder it links to (the link is kept)."""
     out = Path(out_dir)
     return out.resolve() if out.is_symlink() else out
+
+
+def publisher(out_dir: str | Path) -> Publisher:
+    return Publisher.of(out_dir, STAGE_TAG)
 
 
 def mix_lock(out_dir: str | Path) -> OutputLock:
@@ -80,7 +75,8 @@ def staged(out_dir: str | Path) -> Iterator[Path]:
     try:
         remove_stale(out)
         check_out(out, is_mix=is_mix(out))
-        stage = staging_dir(out)
+        pub = publisher(out)
+        stage = pub.stage
         try:
             yield stage
             swap_in(stage, out)
@@ -93,12 +89,7 @@ def staged(out_dir: str | Path) -> Iterator[Path]:
 
 def staging_dir(out_dir: str | Path) -> Path:
     """Return the sibling folder this process builds the mix in."""
-    out = Path(out_dir).absolute()
-    return out.parent / f".{out.name}.build{TMP_MARK}{os.getpid()}"
-
-
-def _aside_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.old{TMP_MARK}{os.getpid()}"
+    return publisher(out_dir).stage
 
 
 def check_out(out_dir: str | Path, is_mix: bool) -> None:
@@ -119,57 +110,18 @@ def check_out(out_dir: str | Path, is_mix: bool) -> None:
 def remove_stale(out_dir: str | Path) -> list[Path]:
     """Clean up after killed builds (hold the lock): restore a mix left renamed aside, remove staging
     folders and old aside copies; return what was removed. Only names builds make are touched."""
-    out = Path(out_dir).absolute()
-    parent = out.parent
-    if not parent.is_dir():
-        return []
-    removed: list[Path] = []
-    asides = sorted(parent.glob(f".{glob.escape(out.name)}.old{TMP_MARK}*"))
-    if asides and not out.exists():
-        os.rename(asides.pop(), out)  # killed between the two renames of a fallback swap: the old mix is back
-    for path in [*asides, *sorted(parent.glob(f".{glob.escape(out.name)}.build{TMP_MARK}*"))]:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one step (Linux renameat2); False when the system cannot."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
-        return False
-    raise OSError(code, os.strerror(code), str(b))
+    return publisher(out_dir).remove_stale()
 
 
 def swap_in(stage: Path, out_dir: str | Path) -> None:
     """Make the finished mix in `stage` the folder `out_dir`, and remove the mix it replaces."""
     out = Path(out_dir).absolute()
-    foreign = foreign_entries(out)  # checked at the start too; a file added during the build survives as well
-    if foreign:
+    if foreign_entries(out):  # checked at the start too; a file added during the build survives as well
         check_out(out, is_mix=True)
     try:
-        if not out.exists():
-            os.rename(stage, out)
-            old = None
-        elif _exchange(stage, out):
-            old = stage
-        else:
-            old = _aside_dir(out)
-            os.rename(out, old)
-            os.rename(stage, out)
+        publisher(out).swap_in(stage)
     except OSError as exc:
         raise ConfigError(f"cannot put the new mix in place at {out}: {exc.strerror or exc}") from None
-    fsync_path(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_tables(out_dir: str | Path, tables: Sequence[pa.Table], name: str) -> dict[str, Any]:

@@ -134,3 +134,26 @@ def test_a_safetensors_file_cut_short_by_a_full_disk_is_named(tmp_path: Path) ->
     disk = tmp_path / "disk"
     rc, err, _ = on_small_disk("256k", disk, sys.executable, "-c", script, str(disk))
     assert rc == 1 and "DiskFullError" in err and _says_disk_full(err, disk)
+
+
+def test_a_catalog_on_a_full_disk_still_reads_and_names_the_full_disk_on_a_write(tmp_path: Path) -> None:
+    # issue 38 item 11: even SELECT and `catalog list` failed with "its schema cannot be brought up to
+    # date ... move the file aside to start a new catalog", advice that throws the catalog away.
+    disk = tmp_path / "disk"
+    cat = disk / "c.duckdb"
+    make = (f"{sys.executable} -c \"from curator.catalog import Catalog; c = Catalog.open('{cat}'); "
+            "c.upsert_dataset({'dataset_id': 'org/set'}); "
+            "c.add_candidate('run', 'agent', 'org/set', 'chat', 0.9, 'why', 100)\"")
+    fill = f"dd if=/dev/zero of={disk / 'fill'} bs=4096 2>/dev/null; sync"
+    curator = f"{sys.executable} -m curator"
+    steps = (f"{make} && {fill}; "
+             f"{curator} catalog list --catalog {cat} >&2; echo list=$? >&2; "
+             f"{curator} sql --catalog {cat} 'SELECT count(*) AS n FROM candidates' >&2; echo sql=$? >&2; "
+             f"{curator} catalog approve 1 --catalog {cat}; echo approve=$? >&2; "
+             f"rm {disk / 'fill'}; {curator} catalog approve 1 --catalog {cat} >&2; echo after=$? >&2")
+    rc, err, _ = on_small_disk("4m", disk, "sh", "-c", steps)
+    assert "list=0" in err and "org/set" in err, err
+    assert "sql=0" in err, err
+    assert "approve=1" in err and _says_disk_full(err, cat), err
+    assert "move the file aside" not in err and "unexpected" not in err, err
+    assert "after=0" in err and "approved" in err, err  # space freed: the same catalog takes the write

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from training.capture.forward import capture_batch, load_target, pad_batch
-from training.capture.prepare import PreparedSample, prepare_samples, store_meta
+from training.capture.prepare import OnDemandStates, PreparedSample, prepare_samples, store_meta
 from training.capture.stats import ExtractStats
 from training.records.chat_tokens import GenerationReadStats, iter_generation
 from training.storage.format import HiddenStateSample, StoreMeta
 
 
-class OnlineStates:
+class OnlineStates(OnDemandStates):
     """The trainer's view of a store, computed on demand by the target (see module doc)."""
 
     def __init__(
@@ -54,31 +54,6 @@ class OnlineStates:
         """Return online states of `gen_dir` from the target at `target_dir` (loaded on `device`)."""
         model, tokenizer = load_target(target_dir, device)
         return cls(model, tokenizer, gen_dir, layer_ids=layer_ids, max_len=max_len, target=str(target_dir))
-
-    def ids(self) -> list[str]:
-        """Return the sample ids in generation order."""
-        return list(self._samples)
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __contains__(self, sid: object) -> bool:
-        return sid in self._samples
-
-    def length(self, sid: str) -> int:
-        """Return the token count of sample `sid`."""
-        return int(self._samples[sid].input_ids.shape[0])
-
-    def category(self, sid: str) -> str:
-        """Return the category of sample `sid`."""
-        return self._samples[sid].category
-
-    def tokens(self, sid: str) -> PreparedSample:
-        """Return the tokens and loss mask of `sid` without running the target."""
-        return self._samples[sid]
-
-    def __getitem__(self, sid: str) -> HiddenStateSample:
-        return self.load_many([sid])[0]
 
     @torch.no_grad()
     def load_many(self, ids: list[str]) -> list[HiddenStateSample]:

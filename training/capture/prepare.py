@@ -4,6 +4,8 @@ and the store's meta.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ from training.records.chat_tokens import (
     tokenize_rows,
     tokenizer_sha256,
 )
-from training.storage.format import StoreMeta
+from training.storage.format import HiddenStateSample, StoreMeta
 from training.target.config import text_part
 from training.target.layers import CONVENTION, check_layer_ids, default_aux_layers
 
@@ -138,4 +140,40 @@ def sample_windows(items: Iterable[PreparedSample], size: int) -> Iterator[list[
     if chunk:
         yield chunk
 
+
+class OnDemandStates(ABC):
+    """The read side of a store whose states are made on demand from prepared samples (the target in
+    process, a serving engine): ids, lengths, categories and tokens come from the samples without
+    running anything; `load_many` makes the states. Subclasses set `_samples` (id -> sample, in order)."""
+
+    _samples: dict[str, PreparedSample]
+
+    def ids(self) -> list[str]:
+        """Return the sample ids in generation order."""
+        return list(self._samples)
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __contains__(self, sid: object) -> bool:
+        return sid in self._samples
+
+    def length(self, sid: str) -> int:
+        """Return the token count of sample `sid`."""
+        return int(self._samples[sid].input_ids.shape[0])
+
+    def category(self, sid: str) -> str:
+        """Return the category of sample `sid`."""
+        return self._samples[sid].category
+
+    def tokens(self, sid: str) -> PreparedSample:
+        """Return the tokens and loss mask of `sid` without making its states."""
+        return self._samples[sid]
+
+    def __getitem__(self, sid: str) -> HiddenStateSample:
+        return self.load_many([sid])[0]
+
+    @abstractmethod
+    def load_many(self, ids: list[str]) -> list[HiddenStateSample]:
+        """Return the samples `ids` with their states."""
 

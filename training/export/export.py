@@ -3,17 +3,14 @@
 What each layout writes is its own module's business (training/eagle3/layouts/sglang.py, speculators.py);
 this module does what every export shares: read and check the checkpoint (finite weights, fc and
 d2t as the config says), gather what the layout needs to know of the target, and publish the folder
-safely: one export at a time per output (a lock beside it), the temporary folders of killed exports
-swept, the new folder renamed into place.
+safely (training.io.publish, as build-mix publishes a mix): one export at a time per output (a lock
+beside it), the staging folders of killed exports swept, the new folder swapped into place whole.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +24,14 @@ from training.eagle3.model import DraftConfig
 from training.eagle3.weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
 from training.eagle3.layouts import FORMATS, ExportSource, layout_named
+from training.io.diskspace import named_disk_full
 from training.io.outlock import OutputLock
+from training.io.publish import Publisher
 from training.target.config import read_target_config
 from training.target.head import load_embeddings
 
 __all__ = ["FORMATS", "export_checkpoint", "is_hub_id"]
 
-TMP_SUFFIX = ".tmp"  # `.NAME.<6 hex>.tmp`: a new export being written beside NAME
-ASIDE_SUFFIX = ".old"  # `.NAME.<6 hex>.old`: the earlier export, renamed aside while the new one goes in
 
 
 def _target_shape(meta: dict[str, Any]) -> tuple[str | None, int]:
@@ -106,64 +103,39 @@ def export_checkpoint(
     return _publish(Path(out_dir).resolve(), layout.file_weights(weights, embeddings), config)
 
 
+STAGE_TAG = "export"  # a new export being written beside NAME: `.NAME.export.tmp-PID` (training.io.publish)
+
+
+def _export_file(name: str) -> bool:
+    # safetensors writes the weights to a `.tmpXXXXXX` file and renames it: a kill mid-write leaves one
+    return name in (CONFIG_FILE, WEIGHTS_FILE) or _SAFETENSORS_TMP.fullmatch(name) is not None
+
+
+def _holds_an_export(folder: Path) -> bool:
+    """Whether a leftover folder by an export's names holds nothing but an export's files (else it is the user's: kept)."""
+    return all(_export_file(p.name) and not p.is_symlink() and p.is_file() for p in folder.iterdir())
+
+
+def publisher(out: Path) -> Publisher:
+    return Publisher.of(out, STAGE_TAG, owns=_holds_an_export)
+
+
 def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
-    """Write the export under a temporary name beside `out` and rename it into place, holding `out`'s lock."""
+    """Write the export in a staging folder beside `out` and swap it into place, holding `out`'s lock."""
     out.parent.mkdir(parents=True, exist_ok=True)
     # the lock lives beside `out` (which is replaced whole); a second export to the same folder is refused
     with OutputLock(out.parent, f".{out.name}.export.lock", "curator export", guards=out):
-        _sweep_stale(out)  # under the lock: no live export of `out` owns any of them; may restore `out`
+        pub = publisher(out)
+        pub.remove_stale()  # under the lock: no live export of `out` owns any of them; may restore `out`
         _check_replaceable(out)
-        tag = uuid.uuid4().hex[:6]
-        tmp = out.with_name(f".{out.name}.{tag}{TMP_SUFFIX}")
-        tmp.mkdir()
-        old = out.with_name(f".{out.name}.{tag}{ASIDE_SUFFIX}")
-        try:
-            save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
-            if out.exists():
-                os.replace(out, old)  # an earlier export only (_check_replaceable); removed once replaced
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old.exists() and not out.exists():
-                os.replace(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        # a full disk is said as such ("disk full at OUT: N bytes free"), and the staging folder goes with it
+        with named_disk_full(out), pub.staged() as stage:
+            save_file(weights, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
+            (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
     return out
 
 
 _SAFETENSORS_TMP = re.compile(r"\.tmp[A-Za-z0-9_]{6,8}")
-
-
-def _sweep_stale(out: Path) -> list[Path]:
-    """Clean up after killed exports of `out` (hold its lock); return the folders removed.
-
-    A kill between writing and renaming leaves a temporary folder (`.NAME.<6 hex>.tmp`); a kill between
-    the two renames leaves the earlier export renamed aside (`.NAME.<6 hex>.old`) and `out` missing:
-    that earlier export is renamed back, not deleted. Only folders by these names holding nothing but
-    an export's files are taken: a folder of the user's that happens to match is kept.
-    """
-    def export_file(name: str, suffix: str) -> bool:
-        # safetensors writes the weights to a `.tmpXXXXXX` file and renames it: a kill mid-write leaves one
-        return name in (CONFIG_FILE, WEIGHTS_FILE) or (suffix == TMP_SUFFIX and _SAFETENSORS_TMP.fullmatch(name) is not None)
-
-    def ours(suffix: str) -> list[Path]:
-        pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{6}}{re.escape(suffix)}")
-        return sorted(
-            (path for path in out.parent.iterdir()
-             if pattern.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
-             and all(export_file(p.name, suffix) and not p.is_symlink() for p in path.iterdir())),
-            key=lambda path: path.stat().st_mtime,
-        )
-
-    asides = ours(ASIDE_SUFFIX)
-    if asides and not out.exists() and not out.is_symlink():
-        os.replace(asides.pop(), out)  # killed between the two renames: the earlier export is back
-    removed = []
-    for path in [*ours(TMP_SUFFIX), *asides]:
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
 
 
 def _check_replaceable(out: Path) -> None:

@@ -40,7 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from training.capture.prepare import PreparedSample, prepare_samples, store_meta
+from training.capture.prepare import OnDemandStates, PreparedSample, prepare_samples, store_meta
 from training.capture.stats import ExtractStats
 from training.errors import TrainingError
 from training.records.chat_tokens import GenerationReadStats, iter_generation
@@ -219,7 +219,7 @@ class _Window:
     per_step: dict[int, list[int]] = field(default_factory=dict)  # step -> [samples, bytes]
 
 
-class EngineStates:
+class EngineStates(OnDemandStates):
     """The trainer's view of a store whose states the engines capture on demand (see module doc)."""
 
     def __init__(
@@ -285,28 +285,7 @@ class EngineStates:
                 self._capture_obj = self._make_capture()
             return self._capture_obj
 
-    # ------------------------------------------------------------- the read side of a store
-
-    def ids(self) -> list[str]:
-        return list(self._samples)
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __contains__(self, sid: object) -> bool:
-        return sid in self._samples
-
-    def length(self, sid: str) -> int:
-        return int(self._samples[sid].input_ids.shape[0])
-
-    def category(self, sid: str) -> str:
-        return self._samples[sid].category
-
-    def tokens(self, sid: str) -> PreparedSample:
-        return self._samples[sid]
-
-    def __getitem__(self, sid: str) -> HiddenStateSample:
-        return self.load_many([sid])[0]
+    # the read side of a store (ids, lengths, categories, tokens): OnDemandStates
 
     def _cut(self, sid: str) -> PreparedSample:
         """Return the sample as the engine is asked for it: at most max_length tokens (the trainer

@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parents[3]
 # place), with SIGKILL right after the old mix is renamed aside.
 KILL_WHEN_ASIDE = """
 import os, signal, sys
-import curator.mix.publish as publish
+import training.io.publish as folder_publish
 real = os.rename
 def rename(src, dst, *args, **kwargs):
     real(src, dst, *args, **kwargs)
     if ".old.tmp-" in os.path.basename(str(dst)):
         os.kill(os.getpid(), signal.SIGKILL)
-os.rename, publish._exchange = rename, lambda a, b: False
+os.rename, folder_publish.exchange = rename, lambda a, b: False
 from curator.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -117,7 +117,7 @@ def test_export_never_deletes_a_folder_that_is_not_an_export(run_dir: Path, tmp_
     assert a_file.read_text() == "keep me"
     out = export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     assert export_checkpoint(run_dir, out, fmt="speculators") == out  # an earlier export is replaced
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob(".*.tmp-*"))
 
 
 def variant(run_dir: Path, out: Path, weights: dict | None = None, draft_config: dict | None = None) -> Path:
@@ -199,13 +199,13 @@ def test_a_wrongly_shaped_fc_or_an_out_of_range_d2t_is_refused_at_export(run_dir
 
 
 def test_export_sweeps_the_temporaries_of_killed_exports_but_not_a_users_folder(run_dir: Path, tmp_path: Path) -> None:
-    killed = tmp_path / ".draft.1a2b3c.tmp"  # a kill between writing and renaming leaves this
+    killed = tmp_path / ".draft.export.tmp-4242"  # a kill between writing and renaming leaves this
     killed.mkdir()
     (killed / "model.safetensors").write_bytes(b"partial")
-    users = tmp_path / ".draft.abcdef.tmp"  # same shape of name, but not an export's files: kept
+    users = tmp_path / ".draft.export.tmp-4343"  # same shape of name, but not an export's files: kept
     users.mkdir()
     (users / "notes.txt").write_text("mine")
-    other = tmp_path / ".other.1a2b3c.tmp"  # another output's temporary: not ours to judge
+    other = tmp_path / ".other.export.tmp-4242"  # another output's temporary: not ours to judge
     other.mkdir()
     export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     assert not killed.exists()
@@ -217,8 +217,8 @@ def test_an_export_killed_while_safetensors_writes_leaves_nothing_the_next_expor
 ) -> None:
     """safetensors writes `.tmpXXXXXX` and renames it: a kill mid-write once left a temporary folder that
     no later export removed (issue 38 item 12). Measured: SIGKILL of a 600 MB export leaves
-    `.draft.<hex>.tmp/.tmpoZSfdU`."""
-    killed = tmp_path / ".draft.ff09fe.tmp"
+    `.draft.<hex>.tmp/.tmpoZSfdU` (today's name for that folder: `.draft.export.tmp-PID`)."""
+    killed = tmp_path / ".draft.export.tmp-4444"
     killed.mkdir()
     (killed / ".tmpoZSfdU").write_bytes(b"part of the weights")
     export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
@@ -227,37 +227,39 @@ def test_an_export_killed_while_safetensors_writes_leaves_nothing_the_next_expor
 
 
 ROOT = Path(__file__).resolve().parents[3]
-# An export SIGKILLed right after it renamed the earlier export aside, before the new one went in.
+# An export SIGKILLed right after it renamed the earlier export aside, before the new one went in,
+# as on a system without renameat2 (where the kernel can exchange, there is no such moment).
 KILL_WHEN_ASIDE = """
 import os, signal, sys
-real = os.replace
-def replace(src, dst, *args, **kwargs):
+import training.io.publish as folder_publish
+real = os.rename
+def rename(src, dst, *args, **kwargs):
     real(src, dst, *args, **kwargs)
-    if str(dst).endswith(".old"):
+    if ".old.tmp-" in os.path.basename(str(dst)):
         os.kill(os.getpid(), signal.SIGKILL)
-os.replace = replace
+os.rename, folder_publish.exchange = rename, lambda a, b: False
 from training.export.export import export_checkpoint
 export_checkpoint(sys.argv[1], sys.argv[2], fmt=sys.argv[3])
 """
 
 
 def test_an_export_killed_between_its_two_renames_keeps_the_earlier_export(run_dir: Path, tmp_path: Path) -> None:
-    from training.export.export import _sweep_stale
+    from training.export.export import publisher
 
     out = export_checkpoint(run_dir, tmp_path / "draft", fmt="sglang")
     before = (out / "config.json").read_text()
-    users = tmp_path / ".draft.abcdef.old"  # an aside's shape of name, but not an export's files: kept
+    users = tmp_path / ".draft.old.tmp-4545"  # an aside's shape of name, but not an export's files: kept
     users.mkdir()
     (users / "notes.txt").write_text("mine")
     proc = subprocess.run([sys.executable, "-c", KILL_WHEN_ASIDE, str(run_dir), str(out), "speculators"], cwd=ROOT,
                           capture_output=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    assert not out.exists() and len(list(tmp_path.glob(".draft.*.old"))) == 2  # the earlier export, aside
-    assert len(list(tmp_path.glob(".draft.*.tmp"))) == 1  # the new export, never renamed in
-    _sweep_stale(out)  # what the next export does first, under the lock
+    assert not out.exists() and len(list(tmp_path.glob(".draft.old.tmp-*"))) == 2  # the earlier export, aside
+    assert len(list(tmp_path.glob(".draft.export.tmp-*"))) == 1  # the new export, never renamed in
+    publisher(out).remove_stale()  # what the next export does first, under the lock
     assert (out / "config.json").read_text() == before  # the earlier export is back, not deleted
-    assert list(tmp_path.glob(".draft.*.old")) == [users] and not list(tmp_path.glob(".draft.*.tmp"))
+    assert list(tmp_path.glob(".draft.old.tmp-*")) == [users] and not list(tmp_path.glob(".draft.export.tmp-*"))
     assert export_checkpoint(run_dir, out, fmt="speculators") == out  # and the next export replaces it
     assert "Eagle3Speculator" in (out / "config.json").read_text() and (users / "notes.txt").read_text() == "mine"
 
@@ -323,3 +325,17 @@ def test_an_sglang_export_for_a_target_class_sglang_does_not_know_is_refused(run
     with pytest.raises(ModelMismatchError, match="not in SGLang 0.5.23's model registry"):
         export_checkpoint(ckpt, tmp_path / "sg", fmt="sglang")
     assert export_checkpoint(ckpt, tmp_path / "spec", fmt="speculators").is_dir()  # vLLM reads ids as inputs
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_an_export_on_a_full_disk_says_so_and_leaves_nothing(run_dir: Path, tmp_path: Path, fmt: str) -> None:
+    # issue 38 item 11: it said "unexpected SafetensorError ... No space left on device ... please report it"
+    from tests.reliability.test_reliability_diskfull import _assert_disk_full, _small_disk_works, on_small_disk
+
+    if not _small_disk_works():
+        pytest.skip("needs unshare -rm and tmpfs mounts")
+    disk = tmp_path / "disk"
+    rc, err, left = on_small_disk("64k", disk, sys.executable, "-m", "curator", "export", "--checkpoint", str(run_dir),
+                                  "--format", fmt, "--out", str(disk / "draft"))
+    _assert_disk_full(rc, err, disk / "draft")
+    assert "unexpected" not in err and ".tmp" not in left and "draft" not in left.replace(str(disk), "")
