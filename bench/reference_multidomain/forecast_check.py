@@ -8,9 +8,10 @@ per category and the epochs it trained, Muennighoff et al.'s repeats), the band 
 mixture over law and R* plus one more draft's scatter. Beside it, the old fit on samples alone
 (the best law by residual, its line's band), as the 2026-12-01 run's check made it.
 
-Each draft's budget, in this order: the curve point whose simulated figure is the draft's own (a
-draft kept at its best held-out epoch), its `stopped_at_epoch`, `train_steps` x batch / samples
-(batch: the draft's `batch_size`, else the settings' `batch`), its `epochs`. `--curves` also fits
+Each draft's budget, in this order: the curve point whose simulated figure is the draft's own,
+`train_steps` x batch / samples (batch: the draft's `batch_size`, else the settings' `batch`), its
+`epochs`. (`stopped_at_epoch` is not used: fair.py writes there the best held-out epoch, while a
+draft's figures are those of its last one.) Drafts of an EAGLE-3.1 `variant` are left out. `--curves` also fits
 every evaluated epoch of the small drafts' curves (simulated figure only; those points sit before
 the learning rate's decay has finished, so they read low for their budget: off by default).
 
@@ -55,8 +56,6 @@ def draft_epochs(row: dict[str, Any], settings: dict[str, Any]) -> float | None:
                 return seq / n
             if (ep := _number(point.get("epoch"))) is not None:
                 return ep
-    if (ep := _number(row.get("stopped_at_epoch"))) is not None:
-        return ep
     steps, batch = _number(row.get("train_steps")), _number(row.get("batch_size")) or _number(settings.get("batch"))
     if steps and batch:
         return steps * batch / n
@@ -66,8 +65,8 @@ def draft_epochs(row: dict[str, Any], settings: dict[str, Any]) -> float | None:
 def matched(drafts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Return the matched arm's drafts (by `arm` when the JSON has it, else by tag)."""
     if any("arm" in r for r in drafts.values()):
-        return {t: r for t, r in drafts.items() if r.get("arm") == "matched"}
-    return {t: r for t, r in drafts.items() if t.startswith("matched-")}
+        return {t: r for t, r in drafts.items() if r.get("arm") == "matched" and not r.get("variant")}
+    return {t: r for t, r in drafts.items() if t.startswith("matched-") and not r.get("variant")}
 
 
 def _points(rows: dict[str, dict[str, Any]], figure: str, steps: int, settings: dict[str, Any], curves: bool,
@@ -135,12 +134,14 @@ def check(saved: dict[str, Any], fit_max: int = 2000, predict: int | None = None
         for cat, points in sorted(pts.items()):
             ens = fc.fit_ensemble(points, steps, weights)
             _, old = fc.best_fit([fc.Point(p.samples, p.acceptance) for p in points], steps)
-            ns = [_number((r.get("category_samples") or {}).get(cat)) for r in large.values()]
-            actual = [_number((r.get(figure) or {}).get(cat)) for r in large.values()]
-            if ens is None or not all(ns) or None in actual:
+            # the large drafts (one per seed) that measured this category: their mean is the actual
+            have = [r for r in large.values() if _number((r.get(figure) or {}).get(cat)) is not None
+                    and _number((r.get("category_samples") or {}).get(cat))]
+            if ens is None or not have:
                 continue
-            n = float(np.mean(ns))
-            ep = [draft_epochs(r, settings) for r in large.values()]
+            n = float(np.mean([r["category_samples"][cat] for r in have]))
+            actual = [float(r[figure][cat]) for r in have]
+            ep = [draft_epochs(r, settings) for r in have]
             e = float(np.mean(ep)) if all(v is not None for v in ep) else None
             draws = ens.predict_draws(n, seed, e, noise=True)
             preds[cat] = {"pred": ens.predict(n, e), "draws": draws, "actual": float(np.mean(actual)),
@@ -158,8 +159,8 @@ def check(saved: dict[str, Any], fit_max: int = 2000, predict: int | None = None
                 weighted["old"] = sum(preds[c]["old"] * shares[c] for c in common) / total
                 weighted["old_draws"] = sum(preds[c]["old_draws"] * shares[c] for c in common) / total
             # the JSON's own weighted figure (its categories may weigh a category this fit lacks)
-            own = [_number(r.get(f"{figure}_weighted")) for r in large.values()]
-            fig["weighted"] = _row(weighted) | {"actual_in_json": float(np.mean(own)) if None not in own else None,
+            own = [v for r in large.values() if (v := _number(r.get(f"{figure}_weighted"))) is not None]
+            fig["weighted"] = _row(weighted) | {"actual_in_json": float(np.mean(own)) if own else None,
                                                 "categories": common}
         out["figures"][figure] = fig
     return out
@@ -209,7 +210,9 @@ def render(result: dict[str, Any]) -> str:
     lines.append(f"R* (both figures): {json.dumps(result['r_star'])}")
     for figure, fig in result["figures"].items():
         w = fig.get("weighted")
-        if w:
+        if not w:
+            lines.append(f"{figure}: not checked: the JSON lacks this figure for the small or the large drafts")
+        else:
             ok = w["within_5_percent"] and w["band_holds_actual"]
             lines.append(f"{figure}: {'met' if ok else 'missed'}: weighted error {w['error']:+.1%}, "
                          f"band {'holds' if w['band_holds_actual'] else 'misses'} the actual")

@@ -91,6 +91,36 @@ def test_drafts_at_equal_epochs_with_curves_are_read_at_the_curve_point_they_rep
             assert abs(w["error"]) <= 0.05 and w["band_holds_actual"], (curves, figure, w)
 
 
+def test_fair_py_s_layout_seeds_variants_and_unmeasured_drafts(tmp_path: Path) -> None:
+    """fair.py's JSON: several seeds per cell, EAGLE-3.1 variants beside the plain drafts, the measured
+    figure missing on some drafts, `stopped_at_epoch` holding the best epoch, not the last."""
+    saved = json.loads(reference(tmp_path, epochs=3.0).read_text())
+    drafts = saved["drafts"]
+    for tag in list(drafts):
+        row = drafts[tag]
+        if row.get("arm") != "matched":
+            continue
+        row["stopped_at_epoch"] = 1  # the best held-out epoch: the figures are still the last epoch's
+        other = json.loads(json.dumps(row)) | {"seed": 1}
+        other["simulated"] = {c: round(v + 0.004, 4) for c, v in row["simulated"].items()}
+        other["simulated_weighted"] = sum(other["simulated"][c] * s for c, s in SHARES.items())
+        other["curve"][-1] |= {"simulated": other["simulated"], "simulated_weighted": other["simulated_weighted"]}
+        other |= {"measured": {}, "measured_weighted": None}
+        drafts[f"{tag}-seed1"] = other
+        drafts[f"{tag}-norms"] = row | {"variant": "norms", "simulated": {c: 1.05 for c in SHARES}}
+    result = check.check(saved)
+    assert not any(t.endswith("-norms") for t in result["fit_from"] + result["predict"])
+    assert result["predict"] == ["matched-8000", "matched-8000-seed1"]
+    sim, meas = result["figures"]["simulated"], result["figures"]["measured"]
+    assert sim["categories"]["code"]["points"] == 8 and meas["categories"]["code"]["points"] == 4
+    assert sim["categories"]["code"]["epochs"] == pytest.approx(3.0)
+    big = drafts["matched-8000"]
+    assert sim["categories"]["code"]["actual"] == pytest.approx(big["simulated"]["code"] + 0.002, abs=1e-4)
+    assert meas["categories"]["code"]["actual"] == pytest.approx(big["measured"]["code"])
+    for w in (sim["weighted"], meas["weighted"]):
+        assert abs(w["error"]) <= 0.05 and w["band_holds_actual"], w
+
+
 def test_an_impossible_figure_in_a_small_draft_is_a_counted_skip(tmp_path: Path) -> None:
     saved = json.loads(reference(tmp_path, sequences=300 * 64, old_layout=True).read_text())
     saved["drafts"]["matched-2000-x0.25"]["simulated"]["chat"] = float("nan")
