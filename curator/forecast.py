@@ -448,9 +448,8 @@ def forecast_category(category: str, points: Sequence[Point], goal: float, steps
     sizes = len({p.samples for p in pts})
     ens = fit_ensemble(pts, steps, r_weights)
     best = ens.best if ens else None
-    fits = {f.law: f for f in sorted(ens.members, key=lambda f: f.weight)} if ens else {}
-    if best is not None:
-        fits = {law: f for law, f in fits.items() if f.r_star == best.r_star} | {best.law: best}
+    # each law's line at the most likely R* (printed with its residual); the band uses every member
+    fits = {f.law: f for f in ens.members if f.r_star == best.r_star} | {best.law: best} if ens and best else {}
     out = CategoryForecast(category, list(pts), fits, best.law if best else None, "forecast", "", ensemble=ens)
     if budget is None:
         budget = Budget(epochs=pts[-1].epochs) if pts and pts[-1].epochs is not None else Budget()

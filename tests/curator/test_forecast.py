@@ -416,3 +416,41 @@ def test_a_bad_serve_report_is_refused_before_any_draft_trains(forecast_runs: di
     out = tmp_path / "runs"
     assert main([*forecast_runs["args"], "--out", str(out), "--serve-report", str(report)]) == 1
     assert not out.exists()
+
+
+def test_a_forecast_sigkilled_in_its_last_run_resumes_to_the_figures_of_one_never_stopped(
+    forecast_runs: dict[str, Path], tiny_target: Path, tmp_path: Path
+) -> None:
+    """issue 38 item 8, with a real SIGKILL: the process dies between two checkpoints of run-1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+    from training.train.checkpoint import latest_checkpoint
+
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"draft_vocab_size": 512, "ttt_steps": 3, "global_batch_size": 2, "micro_batch_size": 2,
+                               "max_steps": 40, "log_every": 1, "save_every": 2, "device": "cpu"}))
+    args = ["forecast", "--store", str(forecast_runs["store"]), "--target", str(tiny_target),
+            "--fractions", "0.25,0.5,1", "--config", str(cfg), "--goal", "3.0"]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "curator", *args, "--out", str(killed)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 180
+        while not (killed / "run-1" / "checkpoints" / "step-0000004" / "meta.json").exists():
+            assert proc.poll() is None, "the forecast ended before it could be killed"
+            assert time.monotonic() < deadline, "run-1 never reached its step-4 checkpoint"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (killed / "run-1" / "summary.json").exists()
+    assert main([*args, "--out", str(killed), "--resume", "--json", str(tmp_path / "resumed.json")]) == 0
+    assert main([*args, "--out", str(tmp_path / "whole"), "--json", str(tmp_path / "whole.json")]) == 0
+    assert _points_of(tmp_path / "resumed.json") == _points_of(tmp_path / "whole.json")
+    a, b = (load_file(str(latest_checkpoint(d / "run-1") / "draft.safetensors")) for d in (killed, tmp_path / "whole"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
