@@ -42,7 +42,10 @@ def forecast_command(
     eval_store: Annotated[Optional[Path], typer.Option("--eval-store", help="Held-out store the subsets' drafts are judged on (default: a hashed 5% of --store set apart).")] = None,
     target: Annotated[Optional[Path], typer.Option("--target", help="The target's model directory: trains the drafts, and sets the bytes per token of the disk bill.")] = None,
     fractions: Annotated[str, typer.Option("--fractions", help="Nested subset sizes as fractions of --store.")] = "0.125,0.25,0.5",
-    config: Annotated[Optional[Path], typer.Option("--config", help="Training config (JSON/YAML) every subset's draft is trained with (same steps for all).")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="Training config (JSON/YAML) every subset's draft is trained with: the one the full mix will train with (its epochs or max_steps are the budget the forecast speaks of).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a forecast that was stopped: finished subset runs are read back, the unfinished one resumes from its last checkpoint.")] = False,
+    epochs: Annotated[Optional[float], typer.Option("--epochs", help="The budget the full mix will train with, in epochs (default: --config's; with --run: the runs' common max_steps, else the largest run's epochs).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option("--max-steps", min=1, help="The budget the full mix will train with, in steps of the runs' batch size (default: --config's).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Where the subsets' views and runs go.")] = Path("forecast-runs"),
     generation: Annotated[Optional[Path], typer.Option("--generation", help="A `curator generate --out` directory: tokens per sample by category and the measured output tokens/s.")] = None,
     tokens_per_s: Annotated[Optional[float], typer.Option("--tokens-per-s", help="Target output tokens/s (overrides generation.json's).")] = None,
@@ -58,48 +61,81 @@ def forecast_command(
 
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"--dtype is bf16 or fp8, not {dtype!r}")
+    fc.check_goal(goal)
+    if verify_cost is not None:
+        fc.check_verify_cost(verify_cost)
+    if tokens_per_s is not None and not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
+        raise ConfigError(f"--tokens-per-s is a positive number, not {tokens_per_s!r}")
+    if epochs is not None and not (math.isfinite(epochs) and epochs > 0):
+        raise ConfigError(f"--epochs is a positive number, not {epochs!r}")
+    if epochs is not None and max_steps is not None:
+        raise ConfigError("give the budget once: --epochs or --max-steps")
     if not runs and store is None:
         raise ConfigError("give --run RUN_DIR (three or more) or --store STORE --target TARGET to train nested subsets")
-    pairs, steps = [], set()
+    # every input is read before any draft trains: a bad report must not wait behind an hour of training
+    gen = fc.generation_cost(generation, gpus, tokens_per_s) if generation else None
+    bpt = fc.store_bytes_per_token(target, dtype) if target else None
+    breaks = list(fc.break_even_from_report(serve_report)) if serve_report else []
+    if verify_cost is not None:
+        breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
+    pairs, steps, batches, fixed = [], set(), set(), set()
+    bad: list[str] = []
     for run in runs or []:
-        counts, acc, k = fc.run_point(run)
-        pairs.append((counts, acc))
-        steps.add(k)
+        try:
+            got = fc.run_point(run)
+        except fc.BadPointError as exc:
+            if len(runs or []) == 1:
+                raise
+            bad.append(str(exc))  # one bad run among several: counted and left out, the others still fit
+            continue
+        pairs.append(got.point_source())
+        steps.add(got.steps)
+        batches.add(got.batch_size)
+        fixed.add(got.max_steps)
+    if bad:
+        console.print(f"[yellow]skipped {len(bad)} of {len(runs or [])} runs[/]: " + "; ".join(bad), highlight=False)
+        if not pairs:
+            raise ConfigError(f"none of the {len(bad)} runs can be read (first: {bad[0]})")
+    budget = fc.Budget(epochs=epochs) if epochs is not None else None
+    if budget is None and max_steps is None and len(fixed) == 1 and len(batches) == 1 and None not in fixed:
+        # every run trained one fixed step budget: the forecast speaks of that same one
+        budget = fc.Budget(sequences=float(next(iter(fixed)) * next(iter(batches))))
     if store is not None:
         if target is None:
             raise ConfigError("--store needs --target (the drafts are trained against it)")
-        from training.train.config import load_run_config
+        from training.train.config import TrainConfig, load_run_config
 
         # train_nested sets each subset's data and out; these only satisfy the config's own check
         base = load_run_config(config, {"data": str(store), "target": str(target), "out": str(out)}).to_dict() if config else {}
-        if base.get("max_steps"):
-            # measured on the multi-domain reference (bench/RESULTS.md, issue 27): at equal steps the
-            # curve bends where steps, not samples, limit the draft, and the forecast overshoots past it
-            console.print(f"[yellow]note:[/] every draft trains max_steps={base['max_steps']}: the larger subsets see "
-                          "fewer epochs, so the fitted curve is the one at this compute; train the real draft the same "
-                          "way or set epochs instead", highlight=False)
+        defaults = TrainConfig.from_dict({"data": str(store), "target": str(target), "out": str(out), **base})
+        batches.add(defaults.global_batch_size)
+        if budget is None and max_steps is None:
+            # the subsets train as the full mix will: the forecast speaks of that same budget
+            budget = (fc.Budget(sequences=float(defaults.max_steps * defaults.global_batch_size)) if defaults.max_steps
+                      else fc.Budget(epochs=float(defaults.epochs)))
         from curator.train_progress import training_metrics
         from curator.ui import progress
 
         bar = progress(TextColumn("{task.fields[status]}"))  # one bar per subset's draft, as `curator train` draws
         with bar:
             nested = fc.train_nested(
-                store, target, out, _fractions(fractions), base, eval_store=eval_store, seed=seed,
+                store, target, out, _fractions(fractions), base, eval_store=eval_store, seed=seed, resume=resume,
                 on_metrics=lambda frac: training_metrics(bar, f"fraction {frac:g}"),
-                on_run=lambda r: bar.console.print(f"fraction {r.fraction:g}: {sum(r.counts.values()):,} samples, "
-                                                   f"acceptance {json.dumps({c: round(v, 3) for c, v in r.acceptance.items()})}"))
+                on_run=lambda r: bar.console.print(
+                    f"fraction {r.fraction:g}{' (finished before, read back)' if r.reused else ''}: "
+                    f"{sum(r.counts.values()):,} samples, {r.train_steps:,} steps ({r.epochs:.3g} epochs), "
+                    f"acceptance {json.dumps({c: round(v, 3) for c, v in r.acceptance.items()})}", highlight=False))
         for r in nested:
-            pairs.append((r.counts, r.acceptance))
+            pairs.append((r.counts, r.acceptance, r.epochs))
             steps.add(r.steps)
     if len(steps) > 1:
         raise ConfigError(f"the runs draft chains of different lengths {sorted(steps)}: their acceptances do not compare")
-    gen = fc.generation_cost(generation, gpus, tokens_per_s) if generation else None
-    bpt = fc.store_bytes_per_token(target, dtype) if target else None
-    breaks = list(fc.break_even_from_report(serve_report)) if serve_report else []
-    if verify_cost is not None:
-        breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
+    if max_steps is not None:
+        if len(batches) != 1:
+            raise ConfigError(f"--max-steps needs one batch size, and the runs train with {sorted(batches)}: give --epochs")
+        budget = fc.Budget(sequences=float(max_steps * batches.pop()))
     result = fc.make_forecast(fc.points_by_category(pairs), goal, steps.pop(), generation=gen, bytes_per_token=bpt,
-                              break_even=breaks, seed=seed)
+                              break_even=breaks, seed=seed, budget=budget)
     render(result)
     if json_out is not None:
         write_json(json_out, result.to_json())
@@ -122,7 +158,7 @@ def render(result) -> None:  # type: ignore[no-untyped-def]
                           f"{cost.gpu_hours:,.1f}" if cost.gpu_hours is not None else "-",
                           human_bytes(cost.disk_bytes) if cost.disk_bytes is not None else "-"])
     console.print(rows_table(["category", "runs: samples", "law, rmse", f"samples for {result.goal:g}", "band 10-90%"],
-                             rows, title=f"forecast: acceptance {result.goal:g} with a chain of {result.steps}"))
+                             rows, title=f"forecast: acceptance {result.goal:g} with a chain of {result.steps}, at {result.budget.describe()}"))
     if costs:
         gen = result.generation
         tps = f"{gen.output_tokens_per_s:,.0f} output tokens/s x {gen.gpus} GPU(s)" if gen and gen.output_tokens_per_s else "no throughput"

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,3 +207,250 @@ def test_subset_store_never_writes_through_a_planted_link(tmp_path: Path) -> Non
     with pytest.raises(OutputPathError, match="is a link"):
         fc.subset_store(pool, ["s001"], tmp_path / "runs" / "subset-0.125")
     assert list(elsewhere.iterdir()) == []
+
+
+# ---- the training budget (issue 39 item 2) ----------------------------------------------------
+
+
+def test_effective_samples_run_from_samples_alone_to_sequences_alone() -> None:
+    # Muennighoff et al.: one epoch is the samples themselves; R* -> 0 counts no repeat, R* -> inf every one
+    assert float(fc.effective_samples(1000, 1.0, 15.4)) == pytest.approx(1000)
+    assert float(fc.effective_samples(1000, 0.5, 15.4)) == pytest.approx(500)
+    assert float(fc.effective_samples(1000, 10.0, 1e-9)) == pytest.approx(1000)
+    assert float(fc.effective_samples(1000, 10.0, 1e12)) == pytest.approx(10_000)
+    mid = float(fc.effective_samples(1000, 10.0, 15.4))
+    assert 1000 < mid < 10_000 and float(fc.effective_samples(1000, None, 15.4)) == 1000
+
+
+def budget_points(r_star: float, sequences: float, sizes=(250, 500, 1000, 2000), a=-3.0, b=0.3, steps=4):
+    """Points of a saturating law in effective data, each size trained `sequences` sequences."""
+    out = []
+    for n, w in zip(sizes, (0.003, -0.004, 0.004, -0.002)):
+        e = sequences / n
+        d = float(fc.effective_samples(n, e, r_star))
+        out.append(fc.Point(n, 1 + steps / (1 + math.exp(-(a + b * math.log(d)))) + w, epochs=e))
+    return out
+
+
+def test_a_fixed_step_budget_is_seen_and_the_large_draft_predicted_inside_the_band() -> None:
+    pts = budget_points(10.0, 19_200)
+    truth = budget_points(10.0, 19_200, sizes=(8000,), steps=4)[0]
+    ens = fc.fit_ensemble(pts, 4)
+    pred = ens.predict(8000, 19_200 / 8000)
+    lo, hi = np.percentile(ens.predict_draws(8000, 0, 19_200 / 8000), fc.BAND)
+    assert abs(pred / truth.acceptance - 1) < 0.02 and lo <= truth.acceptance <= hi
+    # on samples alone the same points overshoot, and the line's band misses
+    _, old = fc.best_fit([fc.Point(p.samples, p.acceptance) for p in pts], 4)
+    olo, ohi = np.percentile(old.predict_draws(8000), fc.BAND)
+    assert old.predict(8000) > truth.acceptance * 1.03 and not olo <= truth.acceptance <= ohi
+
+
+def test_the_samples_for_a_goal_depend_on_the_budget_they_will_train_at() -> None:
+    pts = budget_points(10.0, 19_200)
+    at_steps = fc.forecast_category("code", pts, 3.2, 4, budget=fc.Budget(sequences=200_000))
+    at_epochs = fc.forecast_category("code", pts, 3.2, 4, budget=fc.Budget(epochs=1.0))
+    assert at_steps.verdict == at_epochs.verdict == "forecast"
+    # one epoch sees each sample once: it needs more samples than 200,000 sequences of repeats would
+    assert at_epochs.needed > 2 * at_steps.needed
+    lo, hi = at_steps.band
+    assert lo <= at_steps.needed <= hi <= 200_000
+    # a goal that even 19,200 new samples miss needs more steps, not more data
+    far = fc.forecast_category("code", pts, 4.0, 4, budget=fc.Budget(sequences=19_200))
+    assert far.verdict == "unreachable" and "more training steps" in far.reason
+
+
+def test_runs_with_and_without_a_recorded_budget_are_not_mixed() -> None:
+    pts = budget_points(10.0, 19_200)
+    pts[0] = fc.Point(pts[0].samples, pts[0].acceptance)
+    with pytest.raises(ConfigError, match="some runs record"):
+        fc.make_forecast({"code": pts}, 3.0, 4)
+
+
+# ---- impossible inputs, and a forecast stopped midway (issue 38 item 8) -------------------------
+
+
+@pytest.fixture(scope="module")
+def forecast_runs(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One whole `curator forecast --store` of three subsets (saving every step), its runs and JSON."""
+    from tests.training.train.test_trainer import make_store
+
+    root = tmp_path_factory.mktemp("forecast")
+    store = make_store(tiny_target, root / "store", n=40)
+    cfg = root / "train.json"
+    cfg.write_text(json.dumps({"draft_vocab_size": 512, "ttt_steps": 3, "global_batch_size": 2, "micro_batch_size": 2,
+                               "max_steps": 2, "log_every": 1, "save_every": 1, "device": "cpu"}))
+    args = ["forecast", "--store", str(store), "--target", str(tiny_target), "--fractions", "0.25,0.5,1",
+            "--config", str(cfg), "--goal", "3.0"]
+    assert main([*args, "--out", str(root / "runs"), "--json", str(root / "whole.json")]) == 0
+    return {"root": root, "store": store, "config": cfg, "runs": root / "runs", "json": root / "whole.json",
+            "args": args}  # type: ignore[dict-item]
+
+
+def _points_of(path: Path) -> list[tuple[int, float, float]]:
+    cat = json.loads(path.read_text())["categories"][0]
+    return sorted((p["samples"], p["acceptance"], p["epochs"]) for p in cat["points"])
+
+
+def test_a_subset_draft_records_its_steps_and_epochs(forecast_runs: dict[str, Path]) -> None:
+    points = _points_of(forecast_runs["json"])
+    assert [e for *_, e in points] == pytest.approx([2 * 2 / n for n, *_ in points])  # 2 steps of 2 sequences
+    assert json.loads(forecast_runs["json"].read_text())["budget"] == {"epochs": None, "sequences": 4.0}
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    got = fc.run_point(runs[0])
+    assert got.train_steps == 2 and got.batch_size == 2 and got.epochs == pytest.approx(4 / sum(got.counts.values()))
+    # read back as runs: the same budget (their common max_steps x batch), or the one given
+    out = forecast_runs["root"] / "again.json"
+    for extra, budget in (([], {"epochs": None, "sequences": 4.0}), (["--epochs", "3"], {"epochs": 3.0, "sequences": None}),
+                          (["--max-steps", "10"], {"epochs": None, "sequences": 20.0})):
+        assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], *extra, "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["budget"] == budget and _points_of(out) == points
+
+
+def test_a_forecast_killed_midway_resumes_reusing_finished_runs(
+    forecast_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import training.train.trainer as trainer
+
+    real = trainer.train
+    calls: list[str] = []
+
+    def killed_in_the_third(cfg, **kw):  # type: ignore[no-untyped-def]
+        calls.append(Path(cfg.out).name)
+        if len(calls) == 3:
+            real(cfg, stop_after_steps=1, **kw)  # step 1 saved, then the process dies
+            raise KeyboardInterrupt
+        return real(cfg, **kw)
+
+    out = tmp_path / "runs"
+    args = [*forecast_runs["args"], "--out", str(out), "--json", str(tmp_path / "f.json")]
+    monkeypatch.setattr(trainer, "train", killed_in_the_third)
+    assert main(args) == 130  # the CLI's Ctrl-C
+    monkeypatch.setattr(trainer, "train", real)
+    assert (out / "run-0.5" / "summary.json").exists() and not (out / "run-1" / "summary.json").exists()
+    capsys.readouterr()
+    assert main(args) == 1
+    assert "pass --resume" in capsys.readouterr().err
+    finished = {r: (out / r / "metrics.jsonl").read_bytes() for r in ("run-0.25", "run-0.5")}
+    assert main([*args, "--resume"]) == 0
+    shown = capsys.readouterr()
+    assert shown.err.count("finished before, read back") + shown.out.count("finished before, read back") == 2
+    assert {r: (out / r / "metrics.jsonl").read_bytes() for r in finished} == finished  # not trained again
+    # the resumed run continues exactly: the same figures and weights as the forecast never stopped
+    assert _points_of(tmp_path / "f.json") == _points_of(forecast_runs["json"])
+    from safetensors.torch import load_file
+    from training.train.checkpoint import latest_checkpoint
+
+    a, b = (load_file(str(latest_checkpoint(d / "run-1") / "draft.safetensors")) for d in (forecast_runs["runs"], out))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e308, "2.5", None])
+def test_an_impossible_acceptance_in_a_run_is_a_named_error(
+    forecast_runs: dict[str, Path], tmp_path: Path, value: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sorted(forecast_runs["runs"].glob("run-*"))[0], run, symlinks=True)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["eval"]["sim_categories"]["chat"] = value
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["forecast", "--run", str(run), "--goal", "3.0"]) == 1
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "category chat" in err and "acceptance" in err and "unexpected" not in err
+    assert ("impossible" if isinstance(value, float) else "not a number") in err
+
+
+def test_one_bad_run_among_several_is_counted_and_skipped(
+    forecast_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    bad = tmp_path / "bad"
+    shutil.copytree(runs[0], bad, symlinks=True)
+    summary = json.loads((bad / "summary.json").read_text())
+    summary["eval"]["sim_categories"]["chat"] = float("nan")
+    (bad / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "f.json"
+    assert main(["forecast", *[a for r in [*runs, bad] for a in ("--run", str(r))], "--goal", "3.0",
+                 "--json", str(out)]) == 0
+    assert "skipped 1 of 4 runs" in capsys.readouterr().err.replace("\n", " ")
+    assert len(_points_of(out)) == 3
+
+
+@pytest.mark.parametrize("flag,value", [("--goal", "nan"), ("--goal", "inf"), ("--goal", "0.5"),
+                                        ("--verify-cost", "-1"), ("--verify-cost", "nan"), ("--verify-cost", "0")])
+def test_an_impossible_goal_or_verify_cost_is_a_named_error(
+    forecast_runs: dict[str, Path], flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    argv = ["forecast", *[a for r in runs for a in ("--run", str(r))], "--goal", "3.0", flag, value]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert f"{flag} is" in err and "unexpected" not in err
+
+
+@pytest.mark.parametrize("text", [
+    "[1, 2]", '{"concurrency": [1]}', '{"concurrency": {"1": 5}}', '{"concurrency": {"x": {}}}',
+    '{"concurrency": {"1": {"acceptance_length": "2.1", "speedup": 1.0}}}',
+    '{"concurrency": {"1": {"acceptance_length": NaN, "speedup": 1.0}}}',
+    '{"concurrency": {"1": {"acceptance_length": 2.1, "speedup": -0.9}}}', "\udcff not json",
+])
+def test_a_garbage_serve_report_is_a_named_error(
+    forecast_runs: dict[str, Path], tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "serve.json"
+    report.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ConfigError, match="serve.json"):
+        fc.break_even_from_report(report)
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--serve-report", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert "serve.json" in err and "unexpected" not in err
+
+
+def test_a_bad_serve_report_is_refused_before_any_draft_trains(forecast_runs: dict[str, Path], tmp_path: Path) -> None:
+    report = tmp_path / "serve.json"
+    report.write_text("[1, 2]")
+    out = tmp_path / "runs"
+    assert main([*forecast_runs["args"], "--out", str(out), "--serve-report", str(report)]) == 1
+    assert not out.exists()
+
+
+def test_a_forecast_sigkilled_in_its_last_run_resumes_to_the_figures_of_one_never_stopped(
+    forecast_runs: dict[str, Path], tiny_target: Path, tmp_path: Path
+) -> None:
+    """issue 38 item 8, with a real SIGKILL: the process dies between two checkpoints of run-1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+    from training.train.checkpoint import latest_checkpoint
+
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"draft_vocab_size": 512, "ttt_steps": 3, "global_batch_size": 2, "micro_batch_size": 2,
+                               "max_steps": 40, "log_every": 1, "save_every": 2, "device": "cpu"}))
+    args = ["forecast", "--store", str(forecast_runs["store"]), "--target", str(tiny_target),
+            "--fractions", "0.25,0.5,1", "--config", str(cfg), "--goal", "3.0"]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "curator", *args, "--out", str(killed)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 180
+        while not (killed / "run-1" / "checkpoints" / "step-0000004" / "meta.json").exists():
+            assert proc.poll() is None, "the forecast ended before it could be killed"
+            assert time.monotonic() < deadline, "run-1 never reached its step-4 checkpoint"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (killed / "run-1" / "summary.json").exists()
+    assert main([*args, "--out", str(killed), "--resume", "--json", str(tmp_path / "resumed.json")]) == 0
+    assert main([*args, "--out", str(tmp_path / "whole"), "--json", str(tmp_path / "whole.json")]) == 0
+    assert _points_of(tmp_path / "resumed.json") == _points_of(tmp_path / "whole.json")
+    a, b = (load_file(str(latest_checkpoint(d / "run-1") / "draft.safetensors")) for d in (killed, tmp_path / "whole"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
