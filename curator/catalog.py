@@ -336,12 +336,15 @@ class Catalog:
         hand; return the version it had before. A schema that cannot be restored is a CatalogError
         naming what is missing."""
         try:
-            with self.connect() as con:
-                # Reads need no migration: a file already up to date is not written to at all, so
-                # `catalog list` and review SQL work on a full disk or a read-only copy.
-                current = _read_version(con)
-                if current == SCHEMA_VERSION and not _missing_schema(con) and _has_summary_view(con):
-                    return current
+            if self.path.exists():
+                with self.connect() as con:
+                    # Reads need no migration: a file already up to date is not written to at all,
+                    # so `catalog list` and review SQL work on a full disk or a read-only copy.
+                    current = _read_version(con)
+                    if current == SCHEMA_VERSION and not _missing_schema(con) and _has_summary_view(con):
+                        return current
+            # A new file is created and given its tables under one connection: a reader that
+            # sees the file between two connections would find it empty ("no table scout_runs").
             with self.connect() as con:
                 con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
                 before = _read_version(con)
