@@ -48,15 +48,72 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_env() -> dict[str, str]:
+def cpu_env(**extra: str) -> dict[str, str]:
     """Return the environment of a small server on a shared CPU: a 1 GiB KV cache, no thread pinning,
     no usage reports, offline, and the worker inside the engine core (vLLM's CPU platform starts a
-    third process otherwise, which imports vLLM again)."""
+    third process otherwise, which imports vLLM again); `extra` on top."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1",
-                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                # vLLM's CPU platform turns `--distributed-executor-backend uni` back into "mp" unless
+                # this is 0; the API server still runs the engine core in a process of its own
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
     return env
+
+
+def server_argv(python: str, model: str | Path, port: int, *, served_name: str = "target",
+                max_model_len: int = 1024, max_num_seqs: int = 4, module: str = MODULE,
+                python_args: Sequence[str] = (), args: Sequence[str] = ()) -> list[str]:
+    """Return the command of a small CPU server of `model` on 127.0.0.1:`port`."""
+    return [python, *python_args, "-m", module, "--model", str(model), "--served-model-name", served_name,
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+            "--max-num-seqs", str(max_num_seqs), "--dtype", "float32", "--seed", "0",
+            "--uvicorn-log-level", "warning",
+            # no torch.compile: on 2 busy cores it took minutes per start for models of 1 MB
+            "--enforce-eager",
+            # the worker inside the engine-core process: on the CPU vLLM otherwise starts a third
+            # process that imports vLLM and torch again (40 of a start's 100 s on 2 cores)
+            "--distributed-executor-backend", "uni", *args]
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> str | None:
+    """Wait until `url`/health answers 200; return None, or why not (the server exited, or never answered)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"vLLM exited with status {proc.returncode} before it served"
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    return f"vLLM did not answer /health within {timeout_s:.0f} s"
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a server's whole process group: SIGTERM, then SIGKILL after 30 s (its engine core is a
+    child process that would outlive the API server)."""
+    if proc is None or proc.poll() is not None and not _group_alive(proc.pid):
+        return
+    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)
+        if not _group_alive(proc.pid):
+            break
+    proc.poll()
 
 
 class LocalVllm:
@@ -69,10 +126,7 @@ class LocalVllm:
         self.served_name = served_name
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
-        self.argv = [python, "-m", MODULE, "--model", str(model), "--served-model-name", served_name,
-                     "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--seed", "0",
-                     "--max-model-len", "1024", "--max-num-seqs", "4", "--enforce-eager",
-                     "--distributed-executor-backend", "uni", "--uvicorn-log-level", "warning", *args]
+        self.argv = server_argv(python, model, self.port, served_name=served_name, args=args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -95,18 +149,10 @@ class LocalVllm:
         self.stop()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
         assert self.proc is not None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise self.failed(f"vLLM exited with status {self.proc.returncode} before it served")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise self.failed(f"vLLM did not answer /health within {self.start_timeout_s:.0f} s")
+        why = wait_healthy(self.proc, self.url, self.start_timeout_s)
+        if why is not None:
+            raise self.failed(why)
 
     def failed(self, what: str) -> EndpointError:
         """Return the error for `what`, with the end of the server's log (its own words)."""
@@ -118,22 +164,7 @@ class LocalVllm:
 
     def stop(self) -> None:
         """Stop the server's process group: SIGTERM, then SIGKILL after 30 s."""
-        if self.proc is None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(self.proc.pid):
-                try:
-                    self.proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-            if not _group_alive(self.proc.pid):
-                break
-        self.proc.poll()
+        stop_group(self.proc)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         r = httpx.post(f"{self.url}{path}", json=body, timeout=timeout_s)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -23,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from curator.engines.local_vllm import MODULE, cpu_env, free_port, server_argv, stop_group, wait_healthy
 
 ENV = "CURATOR_VLLM_PYTHON"
 SKIP_REASON = (f"{ENV} is not set: the real-engine tests need vLLM's CPU build "
@@ -43,28 +43,12 @@ def vllm_python() -> str:
     return python
 
 
-def free_port() -> int:
-    """Return a TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def engine_env(**extra: str) -> dict[str, str]:
-    """Return the environment of a vLLM server: CPU, small KV cache, no thread pinning, offline."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "CUDA_"))}
-    env.update({
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: the tiny targets need a few MiB; the machine is shared
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # do not pin cores other engineers' jobs use
-        "VLLM_TARGET_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
-    env.update(extra)
+    """Return the environment of a test server: the toolkit's CPU one (curator.engines.local_vllm), the
+    CPU platform whatever the machine has, one OpenMP thread per server (two servers and the tests
+    share 2 cores), and `extra`."""
+    env = {k: v for k, v in cpu_env(**{"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **extra}).items()
+           if not k.startswith("CUDA_")}
     return env
 
 
@@ -73,7 +57,7 @@ class VllmServer:
 
     def __init__(self, model: str | Path, log_dir: str | Path, args: Sequence[str] = (), *,
                  served_name: str = "target", max_model_len: int = 1024, max_num_seqs: int = 4,
-                 module: str = "vllm.entrypoints.openai.api_server", env: dict[str, str] | None = None,
+                 module: str = MODULE, env: dict[str, str] | None = None,
                  python_args: Sequence[str] = (), port: int | None = None) -> None:
         self.python = vllm_python()
         self.model = str(model)
@@ -81,18 +65,10 @@ class VllmServer:
         self.port = port or free_port()  # a restarted server takes its predecessor's port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_dir) / f"vllm-{self.port}-{time.monotonic_ns()}.log"
-        self.argv = [self.python, *python_args, "-m", module, "--model", self.model,
-                     "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                     "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-                     "--dtype", "float32", "--seed", "0", "--uvicorn-log-level", "warning",
-                     # no torch.compile: on 2 busy cores it took minutes per start for models of 1 MB
-                     "--enforce-eager",
-                     # the worker inside the engine-core process: on the CPU vLLM otherwise starts a
-                     # third process that imports vLLM and torch again (40 of a start's 100 s here)
-                     "--distributed-executor-backend", "uni", *args]
-        # vLLM's CPU platform turns "uni" back into "mp" unless this is 0; the API server still runs
-        # the engine core in a process of its own (AsyncLLM always does)
-        self.env = engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
+        self.argv = server_argv(self.python, model, self.port, served_name=served_name,
+                                max_model_len=max_model_len, max_num_seqs=max_num_seqs, module=module,
+                                python_args=python_args, args=args)
+        self.env = engine_env(**(env or {}))
         self.proc: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -109,39 +85,15 @@ class VllmServer:
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
         """Wait for /health; the server's own error output as the failure when it exits or never answers."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise ServerFailed(f"vLLM exited with status {self.proc.returncode} before it served", self)
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise ServerFailed(f"vLLM did not answer /health within {timeout_s:.0f} s", self)
+        assert self.proc is not None
+        why = wait_healthy(self.proc, self.url, timeout_s)
+        if why is not None:
+            raise ServerFailed(why, self)
+        return self
 
     def stop(self) -> None:
         """Stop the server's whole process group (SIGTERM, then SIGKILL after 30 s)."""
-        if self.proc is None or self.proc.poll() is not None and not _group_alive(self.proc.pid):
-            return
-        for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(self.proc.pid):
-                if self.proc.poll() is None:
-                    try:
-                        self.proc.wait(timeout=0.5)
-                    except subprocess.TimeoutExpired:
-                        pass
-                else:
-                    time.sleep(0.2)
-            if not _group_alive(self.proc.pid):
-                break
+        stop_group(self.proc)
 
     def __enter__(self) -> VllmServer:
         if self.proc is not None:  # already started (start_or_fail): one process per server, never two
@@ -182,16 +134,6 @@ class ServerFailed(AssertionError):
     def __init__(self, what: str, server: VllmServer) -> None:
         super().__init__(f"{what}\ncommand: {json.dumps(server.argv)}\n--- vLLM's output "
                          f"({server.log_path}) ---\n{server.log_tail()}")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def start_or_fail(server: VllmServer) -> VllmServer:
