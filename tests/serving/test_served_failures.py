@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from test_served_generate import records, write_mix
 from vllm_process import VllmServer, start_or_fail
 
@@ -86,3 +88,62 @@ def test_a_killed_and_restarted_engine_loses_no_row_and_repeats_none(demo: Path,
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         first.stop()
+
+
+def engine_core_pid(server: VllmServer) -> int:
+    """Return the pid of the server's engine core: the API server's child that vLLM names VLLM::EngineCore."""
+    assert server.proc is not None
+    for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if "EngineCore" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                return int(child)
+    raise AssertionError(f"no engine core process under the API server {server.proc.pid}")
+
+
+def test_an_engine_that_died_under_a_live_api_server_answers_500_and_the_run_resumes(
+        demo: Path, logs: Path, tmp_path: Path) -> None:
+    """vLLM's engine core dies while its API server stays up (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, as
+    behind a load balancer that keeps the port): every request, in flight or new, is answered HTTP 500
+    (`EngineDeadError`). The run records each row it could not finish as a transient failure naming the
+    500, ends `partial`, and resumes on a healthy engine with every id once."""
+    from curator.rows.schema import open_mix
+
+    mix = write_mix(tmp_path / "mix", rows=12)
+    ids = sorted(r.id for r in open_mix(mix).rows())
+    out = tmp_path / "gen"
+    dying = start_or_fail(VllmServer(demo / "target", logs, max_num_seqs=4,
+                                     env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}))
+    try:
+        run = subprocess.Popen(generate_argv(mix, out, demo, dying.url, 2), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not list(out.glob("shard-*.jsonl")):
+                assert run.poll() is None, "the run ended before the engine died"
+                time.sleep(0.2)
+            os.kill(engine_core_pid(dying), signal.SIGKILL)
+            assert run.wait(timeout=300) == 0, run.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+        # the API server is still up and says what happened, as an HTTP 500
+        answer = httpx.post(f"{dying.url}/v1/completions", json={"model": "target", "prompt": "a", "max_tokens": 1},
+                            timeout=60)
+        assert answer.status_code == 500 and "EngineCore" in answer.text, (answer.status_code, answer.text[:300])
+        failed = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines() if line.strip()]
+        done = [r["id"] for r in records(out)]
+        assert meta(out)["status"] == "partial" and failed and 0 < len(done) < len(ids)
+        assert all(not f["permanent"] and f["error"].startswith("HTTP 500") and "EngineCore" in f["error"]
+                   and f["endpoint"].startswith(dying.url) for f in failed), failed[:3]
+    finally:
+        dying.stop()
+    healthy = start_or_fail(VllmServer(demo / "target", logs, max_num_seqs=4))
+    try:
+        rerun = subprocess.run(generate_argv(mix, out, demo, healthy.url, 2), capture_output=True, text=True,
+                               timeout=900)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+    finally:
+        healthy.stop()
+    assert sorted(r["id"] for r in records(out)) == ids  # every id exactly once
+    assert meta(out)["status"] == "complete"
