@@ -101,7 +101,7 @@ def engine_core_pid(server: VllmServer) -> int:
 
 
 def test_an_engine_that_died_under_a_live_api_server_answers_500_and_the_run_resumes(
-        demo: Path, logs: Path, tmp_path: Path) -> None:
+        demo: Path, logs: Path, tmp_path: Path, target_server: VllmServer) -> None:
     """vLLM's engine core dies while its API server stays up (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, as
     behind a load balancer that keeps the port): every request, in flight or new, is answered HTTP 500
     (`EngineDeadError`). The run records each row it could not finish as a transient failure naming the
@@ -138,12 +138,9 @@ def test_an_engine_that_died_under_a_live_api_server_answers_500_and_the_run_res
                    and f["endpoint"].startswith(dying.url) for f in failed), failed[:3]
     finally:
         dying.stop()
-    healthy = start_or_fail(VllmServer(demo / "target", logs, max_num_seqs=4))
-    try:
-        rerun = subprocess.run(generate_argv(mix, out, demo, healthy.url, 2), capture_output=True, text=True,
-                               timeout=900)
-        assert rerun.returncode == 0, rerun.stderr[-3000:]
-    finally:
-        healthy.stop()
+    # resumed on a healthy engine (the session's target server: the same model)
+    rerun = subprocess.run(generate_argv(mix, out, demo, target_server.url, 2), capture_output=True, text=True,
+                           timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert sorted(r["id"] for r in records(out)) == ids  # every id exactly once
     assert meta(out)["status"] == "complete"
