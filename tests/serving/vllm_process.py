@@ -47,9 +47,8 @@ def engine_env(**extra: str) -> dict[str, str]:
     """Return the environment of a test server: the toolkit's CPU one (curator.engines.local_vllm), the
     CPU platform whatever the machine has, one OpenMP thread per server (two servers and the tests
     share 2 cores), and `extra`."""
-    env = {k: v for k, v in cpu_env(**{"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **extra}).items()
-           if not k.startswith("CUDA_")}
-    return env
+    env = cpu_env(**{"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **extra})
+    return {k: v for k, v in env.items() if not k.startswith("CUDA_")}
 
 
 class VllmServer:
