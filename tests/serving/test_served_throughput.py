@@ -52,8 +52,8 @@ PAIRS = 16  # about 8 s a pair on the 2-core machine
 SIGNIFICANCE = 0.05
 # Each side runs in a process of its own, started once and then run again and again, so that both are
 # measured alike: imports (vLLM's take ~10 s of the 2 cores) fall outside every run, and ours does not
-# run inside pytest's process, whose heap (every test module, torch, transformers) makes its garbage
-# collections far longer than a `curator generate` process's. Each line on stdin names the file or
+# run inside pytest's process, where its tokens/s was far noisier (sd of the pair ratios 0.23, against
+# 0.09-0.14 in a process of its own; why was not found). Each line on stdin names the file or
 # folder the next run writes; the process answers 'done' when it is written.
 OURS = """
 import json, sys
