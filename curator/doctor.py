@@ -49,7 +49,7 @@ class DoctorReport:
 def check_layout(layout: DraftLayout) -> list[Check]:
     """Return checks of the export on its own: architecture, weight names and shapes, values, d2t/t2d."""
     checks: list[Check] = []
-    archs = layout.config.get("architectures")
+    archs = layout.architectures
     if layout.layout is None:
         known = " or ".join(f"[{lay.architecture!r}] ({lay.name})" for lay in LAYOUTS.values())
         return [Check("architecture", "error", f"architectures={archs!r}: expected {known}; re-export the checkpoint")]
@@ -78,7 +78,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     else:
         checks.append(Check("weight names", "ok", f"fc, {lay.decoder_prefix}*, norm, lm_head{', d2t, t2d' if small else ''} present"))
 
-    verifier = lay.verifier(layout.config)
+    verifier = layout.verifier
     if verifier is not None:
         if not vllm.takes_verifier(verifier):
             checks.append(Check("verifier", "warn",
@@ -119,7 +119,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
 
 def _target_hidden(layout: DraftLayout, h: int) -> int:
     """Return the width of one captured target state the config declares (else the draft's own)."""
-    return int_or_none(layout.decoder_config.get("target_hidden_size") or layout.config.get("target_hidden_size")) or h
+    return layout.target_hidden_size or h
 
 
 def _check_fc(layout: DraftLayout, h: int) -> list[Check]:
@@ -206,7 +206,7 @@ def check_target(layout: DraftLayout, target_config: dict[str, Any]) -> list[Che
                                 f"target's embedding ({th} wide)"))
         else:
             checks.append(Check("hidden size", "ok", f"{h}"))
-    heads = int_or_none(layout.decoder_config.get("num_attention_heads"))
+    heads = layout.num_attention_heads
     if heads is not None and theads is not None:
         if heads != theads:
             checks.append(Check("attention heads", "warn",

@@ -54,6 +54,27 @@ class DraftLayout:
         return provenance(self.config)
 
     @property
+    def architectures(self) -> list[str]:
+        """Return the config's `architectures` as strings ([] when absent or not a list)."""
+        archs = self.config.get("architectures")
+        return [str(a) for a in archs] if isinstance(archs, list) else []
+
+    @property
+    def target_hidden_size(self) -> int | None:
+        """Return the width of one captured target state the config declares (None: not declared)."""
+        return int_or_none(self.decoder_config.get("target_hidden_size") or self.config.get("target_hidden_size"))
+
+    @property
+    def num_attention_heads(self) -> int | None:
+        return int_or_none(self.decoder_config.get("num_attention_heads"))
+
+    @property
+    def verifier(self) -> str | None:
+        """Return the target the layout's reader serves by name (`vllm serve EXPORT`: the speculators
+        verifier; "" when that layout's field is empty), or None when the layout names none."""
+        return self.layout.verifier(self.config) if self.layout else None
+
+    @property
     def aux_layer_ids(self) -> list[int] | None:
         """Return the aux layer ids written for the layout's main reader, in its numbering, or None."""
         return self.layout.written_layer_ids(self.config) if self.layout else None

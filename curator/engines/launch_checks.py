@@ -67,7 +67,6 @@ def suggested_launch(layout: DraftLayout, target: str | Path | None = None, spec
     # a `vllm serve EXPORT` that cannot resolve its verifier names the export, not a target
     model = str(target) if target is not None else (spec.target if spec and spec.target and not spec.serves_export else None)
     if model is None:
-        verifier = (layout.config.get("speculators_config") or {}).get("verifier") or {}
-        model = verifier.get("name_or_path") or "TARGET_MODEL_PATH"
+        model = layout.verifier or "TARGET_MODEL_PATH"
     steps = spec.steps if spec and spec.steps and spec.steps >= 1 else 3
     return engine.suggested_launch(model, str(layout.path), steps, spec)

@@ -463,3 +463,15 @@ def test_a_provenance_record_that_is_not_an_object_is_read_as_a_draft_from_elsew
     config_path.write_text(json.dumps(config))
     report = diagnose(good_draft, target, launch=sglang_cmd(target, good_draft))
     assert {"architecture", "fc shape", "vocab size"} <= {c.name for c in report.checks}
+
+
+def test_the_draft_is_read_through_its_layout_not_by_key(tmp_path: Path) -> None:
+    """The doctor and the launch checks read an export's fields through DraftLayout: a speculators
+    export's verifier, heads and target width come from where that layout keeps them."""
+    from curator.engines.draft import read_draft
+
+    spec = read_draft(write_speculators_export(tmp_path / "spec", verifier="org/verifier"))
+    assert (spec.fmt, spec.verifier) == ("speculators", "org/verifier")
+    assert spec.num_attention_heads == spec.decoder_config["num_attention_heads"]
+    sgl = read_draft(write_sglang_export(tmp_path / "sgl", config={"architectures": "LlamaForCausalLMEagle3"}))
+    assert sgl.verifier is None and sgl.architectures == []  # not a list: nothing to name, no crash
