@@ -140,7 +140,10 @@ def _capture_vllm(
 ) -> ExtractStats:
     from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
 
-    mapping = tuple(s.path_map.split("=", 1)) if s.path_map else None
+    mapping: tuple[str, str] | None = None
+    if s.path_map:  # ENGINE_DIR=LOCAL_DIR (checked to hold "=" when the settings were read)
+        engine_dir, _, local_dir = s.path_map.partition("=")
+        mapping = (engine_dir, local_dir)
     opts = VllmOptions(endpoints=[e.rstrip("/") for e in s.endpoints], model=s.model, shared_dir=s.shared_dir,
                        concurrency=s.concurrency, retries=s.retries, path_map=mapping, api_key=api_key_from_env())
     norm = load_final_norm(local) if meta.has_final else None

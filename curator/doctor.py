@@ -268,6 +268,8 @@ def check_served_layers(layout: DraftLayout, target_config: dict[str, Any]) -> l
 
 def check_store(layout: DraftLayout, store_meta: Any, target_config: dict[str, Any] | None = None) -> list[Check]:
     """Return checks that the layers the engine will feed the draft are those its data was captured at."""
+    if layout.layout is None:  # check_layout already names the unknown architecture
+        return []
     checks: list[Check] = []
     ids = list(store_meta.aux_layer_ids)  # inputs of layers, whatever the store recorded
     arch = layout.provenance.get("target_architecture")

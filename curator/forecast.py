@@ -240,13 +240,15 @@ def _untransform(law: str, y: Any, steps: int) -> Any:
 def fit_law(points: Sequence[Point], law: str, steps: int, r_star: float | None = None) -> Fit | None:
     """Return the least-squares line of `law` through `points` on the data axis of `r_star` (None:
     samples alone; None returned: a point the law cannot take, or sizes the axis cannot tell apart)."""
-    xs, ys, ses = [], [], []
+    xs: list[float] = []
+    ys: list[float] = []
+    ses: list[float] = []
     for p in points:
-        y = _transform(law, p.acceptance, steps)
-        if y is None or p.samples <= 0:
+        transformed = _transform(law, p.acceptance, steps)
+        if transformed is None or p.samples <= 0:
             return None
         xs.append(float(np.log(effective_samples(p.samples, p.epochs, r_star))))
-        ys.append(y)
+        ys.append(transformed)
         # a standard error carried into the transformed axis by the transform's slope there
         d = 1.0 if law == "log-linear" else steps / ((p.acceptance - 1.0) * (steps + 1.0 - p.acceptance))
         ses.append(p.se * d)
@@ -529,7 +531,7 @@ def generation_cost(gen_dir: str | Path, gpus: int = 1, tokens_per_s: float | No
                 done = sum(int(r.loss_mask.sum()) for r in rows)
             else:
                 n, _ = record_length(rec, None)
-                usage = rec.get("usage") if isinstance(rec.get("usage"), dict) else {}
+                usage: dict[str, Any] = rec["usage"] if isinstance(rec.get("usage"), dict) else {}
                 done = int(usage.get("completion_tokens") or 0) or n // 2
         except MalformedRecordError:
             continue

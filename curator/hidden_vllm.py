@@ -240,6 +240,8 @@ class VllmExtractor:
     """Drives one or more vLLM engines; validates each file; stores complete samples only."""
 
     def __init__(self, opts: VllmOptions, meta: StoreMeta, norm: tuple[torch.Tensor, float] | None) -> None:
+        if meta.has_final and norm is None:
+            raise ValueError("a store with the final state needs the target's final norm to apply to it")
         self.opts = opts
         self.meta = meta
         self.norm = norm
@@ -367,6 +369,7 @@ class VllmExtractor:
         aux = hs[:, :n_aux, :].reshape(t, n_aux * h)
         final = None
         if self.meta.has_final:
+            assert self.norm is not None  # __init__ refuses a final state without its norm
             weight, eps = self.norm
             final = rms_norm(hs[:, n_aux, :], weight, eps)
         return HiddenStateSample(s.id, s.input_ids, s.loss_mask, aux, final, s.category)

@@ -404,7 +404,7 @@ class LiveHub(HubClient):
             )
         except EntryNotFoundError:
             return ""
-        except (HfHubHTTPError, *_NETWORK_ERRORS):
+        except (HfHubHTTPError, *_NETWORK_ERRORS):  # type: ignore[misc]  # mypy does not read a starred tuple here
             # the card is helpful, not essential: metadata and rows still describe the dataset
             return ""
         return DatasetCard.load(path).text[:CARD_CHARS]
@@ -430,13 +430,14 @@ class LiveHub(HubClient):
             if not (valid.get("preview") or valid.get("viewer")):
                 details.viewer_error = "the dataset viewer has no preview of this dataset"
                 return
-            splits_answer, size_answer = await asyncio.gather(
+            answers: tuple[dict[str, Any] | BaseException, ...] = await asyncio.gather(
                 self._viewer("/splits", dataset=name), self._viewer("/size", dataset=name), return_exceptions=True
             )
+            splits_answer, size_answer = answers
             if isinstance(splits_answer, BaseException):
                 raise splits_answer
             apply_viewer_splits(details, splits_answer, size_answer if isinstance(size_answer, dict) else None)
-            if details.preview_config is not None:
+            if details.preview_config is not None and details.preview_split is not None:  # set together
                 rows = await self._viewer(
                     "/first-rows", dataset=name, config=details.preview_config, split=details.preview_split
                 )
@@ -455,7 +456,7 @@ def _network_errors() -> tuple[type[Exception], ...]:
     return (*errors, httpx2.HTTPError)
 
 
-_NETWORK_ERRORS = _network_errors()
+_NETWORK_ERRORS: tuple[type[Exception], ...] = _network_errors()
 
 # The Hub endpoints this process was given a token for. huggingface_hub sends the token with
 # every request of a listing, including the `Link: next` pages, wherever they point; the hook
@@ -523,7 +524,7 @@ def _hit_from_info(info: Any) -> DatasetHit:
     tags = list(getattr(info, "tags", None) or [])
     card = getattr(info, "card_data", None)
     card_license = _first(card.get("license")) if card is not None else None
-    last = getattr(info, "last_modified", None)
+    last: Any = getattr(info, "last_modified", None)
     return DatasetHit(
         id=info.id,
         downloads=getattr(info, "downloads", None),
@@ -669,7 +670,7 @@ async def build_snapshot(
             datasets[dataset_id] = record
 
     await asyncio.gather(*(inspect(i) for i in ids))
-    payload = {
+    payload: dict[str, Any] = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -207,7 +207,8 @@ class AnthropicClient(_SharedMessages):
                 model=self.model,
                 max_tokens=self.max_output_tokens,
                 system=system,
-                messages=messages,
+                # plain dicts in the API's shape: the SDK's TypedDicts describe them, the client sends them as they are
+                messages=messages,  # type: ignore[arg-type]
                 tools=[{"name": t["name"], "description": t["description"], "input_schema": t["input_schema"]} for t in tools],
             )
 

@@ -73,7 +73,7 @@ class _ShownWithItsFirstTask(Progress):
         super().__init__(*columns, **kwargs)
         self.extra = extra
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> _ShownWithItsFirstTask:
         return self
 
     def add_task(self, *args: Any, **kwargs: Any) -> TaskID:
@@ -117,7 +117,8 @@ class _Tasks:
         for task in tasks:
             yield display.tasks_table(essential, [task])
             status = Table.grid(*(Column(overflow="fold") for _ in extra), padding=(0, 1))
-            status.add_row(*(column(task) for column in extra))
+            # a column given as a format string is drawn as rich draws it
+            status.add_row(*(column.format(task=task) if isinstance(column, str) else column(task) for column in extra))
             yield Padding(status, (0, 0, 0, 2))
 
 

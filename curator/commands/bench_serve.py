@@ -67,7 +67,7 @@ def bench_serve_command(
     return 0
 
 
-def render_bench(report) -> None:  # type: ignore[no-untyped-def]
+def render_bench(report) -> None:
     """Print a table per concurrency (endpoint x category) and the verdict lines (stdout)."""
     for c in report.concurrencies():
         rows = []

@@ -78,7 +78,10 @@ def forecast_command(
     breaks = list(fc.break_even_from_report(serve_report)) if serve_report else []
     if verify_cost is not None:
         breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
-    pairs, steps, batches, fixed = [], set(), set(), set()
+    pairs: list[tuple[dict[str, int], dict[str, float], float | None]] = []
+    steps: set[int] = set()
+    batches: set[int] = set()
+    fixed: set[int | None] = set()
     bad: list[str] = []
     for run in runs or []:
         try:
@@ -97,9 +100,10 @@ def forecast_command(
         if not pairs:
             raise ConfigError(f"none of the {len(bad)} runs can be read (first: {bad[0]})")
     budget = fc.Budget(epochs=epochs) if epochs is not None else None
-    if budget is None and max_steps is None and len(fixed) == 1 and len(batches) == 1 and None not in fixed:
+    known = {f for f in fixed if f is not None}
+    if budget is None and max_steps is None and len(fixed) == 1 and len(batches) == 1 and known:
         # every run trained one fixed step budget: the forecast speaks of that same one
-        budget = fc.Budget(sequences=float(next(iter(fixed)) * next(iter(batches))))
+        budget = fc.Budget(sequences=float(next(iter(known)) * next(iter(batches))))
     if store is not None:
         if target is None:
             raise ConfigError("--store needs --target (the drafts are trained against it)")
@@ -143,7 +147,7 @@ def forecast_command(
     return 0
 
 
-def render(result) -> None:  # type: ignore[no-untyped-def]
+def render(result) -> None:
     """Print the per-category table (samples, band, cost) and the verdict lines."""
     rows, costs = [], []
     for c in result.categories:

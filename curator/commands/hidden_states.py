@@ -117,10 +117,10 @@ def plan(
         feeds = feed_choices(result, epochs=epochs, cache_budget=cache_budget, capture_rate=capture_rate,
                              servers=servers, prefetch_samples=prefetch_samples)
     if as_json:
-        data = plan_json(result)
+        plan = plan_json(result)
         if feeds is not None:
-            data["feeds"] = [{**c.__dict__, "prefill_total": c.prefill_total} for c in feeds]
-        stdout.print_json(json.dumps(data))
+            plan["feeds"] = [{**c.__dict__, "prefill_total": c.prefill_total} for c in feeds]
+        stdout.print_json(json.dumps(plan))
         return
     stdout.print(summary_table("hidden-state disk plan", plan_rows(result)))
     stdout.print(

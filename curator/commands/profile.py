@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.console import JustifyMethod
 from rich.markup import escape
+from rich.progress import TaskID
 from rich.table import Table
 from rich.text import Text
 
@@ -37,7 +39,7 @@ def profile_command(
         retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
         client = make_client(llm, model, base_url, retry=retry)  # a missing key fails before the traffic is read
     with progress() as bar:
-        tasks = []  # added with the first rows read: an input refused before any draws no `0/?` bar
+        tasks: list[TaskID] = []  # added with the first rows read: an input refused before any draws no `0/?` bar
 
         def advance(n: int) -> None:
             if not tasks:
@@ -47,7 +49,8 @@ def profile_command(
         profile = build_profile(traffic, tokenizer=tokenizer, llm=client, llm_max=llm_max, seed=seed,
                                 progress=advance)
     if no_examples:  # the scrubber cannot find every name mentioned in passing; counts alone can leave
-        profile = profile.model_copy(update={"examples": {cat: [] for cat in profile.examples}})
+        examples = (profile.model_extra or {}).get("examples") or {}  # a statistic the schema keeps as an extra
+        profile = profile.model_copy(update={"examples": {cat: [] for cat in examples}})
     write_profile(profile, out)
     render(profile.model_dump(mode="json"), out)
 
@@ -55,7 +58,8 @@ def profile_command(
 def category_table(data: dict[str, Any]) -> Table:
     """Return the categories with rows, share and a bar each (fits in 80 columns)."""
     table = Table(title="traffic by category", title_justify="left")
-    for name, justify in (("category", "left"), ("rows", "right"), ("share", "right"), ("", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("category", "left"), ("rows", "right"), ("share", "right"), ("", "left"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for name, entry in data["categories"].items():
         filled = round(entry["share"] * BAR_WIDTH)

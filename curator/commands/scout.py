@@ -94,7 +94,7 @@ def scout(
         goal=goal, planner=planner.value, model=client.model if client else None,
         budget=AgentBudget(max_turns=max_turns, max_tokens=max_tokens), target_samples=target_samples, live=not no_live,
     )
-    run = ScoutRun(cat, hub_client, chosen, config, client, categories(all_briefs))
+    run = ScoutRun(cat, hub_client, chosen, config, client, sorted(categories(all_briefs)))
     try:
         asyncio.run(_run(run, hub_client, client))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -155,7 +155,7 @@ def tool_schema(name: str) -> dict[str, object]:
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-def tool_conversation(rng: random.Random, index: int) -> dict[str, object]:
+def tool_conversation(rng: random.Random, index: int) -> dict[str, Any]:
     """Return an OpenAI-style messages row: tools offered, a structured call, its result, the answer."""
     tool, city = rng.choice(TOOLS), rng.choice(CITIES)
     call_id = f"call_{index}"
@@ -223,7 +223,7 @@ def write_demo_sources(out_dir: str | Path, seed: int = 0, rows_per_source: int 
     # OpenAI-style messages with `tools` and structured `tool_calls` (the agentic case's shape).
     paths["tools"] = jsonl("tool_calls.jsonl", [tool_conversation(rng, i) for i in range(n)])
     # OpenThoughts-114k: system + from/value conversations with reasoning in the answer.
-    ot = []
+    ot: list[dict[str, object]] = []
     for p, a in pairs(coding_pair, n // 2):
         ot.append({"system": "Think step by step before you answer.", "conversations": [
             {"from": "user", "value": p},
@@ -243,7 +243,7 @@ def demo_conversations(seed: int = 0, n: int = 1200) -> list[list[dict[str, Any]
     convs: list[list[dict[str, Any]]] = []
     for i in range(n):
         if i % 5 == 4:
-            convs.append(tool_conversation(rng, i)["messages"])  # type: ignore[arg-type]
+            convs.append(tool_conversation(rng, i)["messages"])
             continue
         if i % 10 == 9:
             steps = swe_trajectory(rng)

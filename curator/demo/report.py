@@ -232,8 +232,8 @@ def summary_rows(report: DemoReport) -> list[tuple[str, str]]:
     evals = [r for r in report.train_log if r.get("split") == "eval" and r.get("sim_accept_length") is not None]
     if evals:
         # a chain of the trainer's TTT steps, which may be longer than eval's K
-        k = evals[-1].get("sim_steps")
-        rows.append((f"acceptance length, simulated in training{f' (K={k})' if k else ''}",
+        sim_k = evals[-1].get("sim_steps")
+        rows.append((f"acceptance length, simulated in training{f' (K={sim_k})' if sim_k else ''}",
                      " -> ".join(f"{r['sim_accept_length']:.2f}" for r in evals)))
     if report.warnings:
         rows.append(("warnings", str(len(report.warnings))))

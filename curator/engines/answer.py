@@ -7,7 +7,7 @@ what it means for retries, so the engines' modules need nothing of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 
 
@@ -40,5 +40,5 @@ def ignored_prompt(endpoint: str, detail: str) -> AnswerError:
                         "token-exact generation needs an engine that accepts them", permanent=True)
 
 
-def int_list(value: Any) -> bool:
+def int_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)

@@ -133,7 +133,7 @@ def resolve_served_export(spec: LaunchSpec, export: Path, config: dict[str, Any]
                             "token count goes in --speculative-config '{\"num_speculative_tokens\": N}')"))
     if "--tokenizer" in option_map(spec.argv)[0]:
         checks.append(Check("tokenizer", "warn", "--tokenizer is ignored: vLLM serves the verifier's tokenizer"))
-    sconf = config.get("speculators_config") if isinstance(config.get("speculators_config"), dict) else {}
+    sconf: dict[str, Any] = config["speculators_config"] if isinstance(config.get("speculators_config"), dict) else {}
     methods = sconf.get("proposal_methods")
     first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
     tokens = spec.export_steps = int_or_none(first.get("speculative_tokens"))

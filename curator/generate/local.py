@@ -138,7 +138,8 @@ class TransformersBackend:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         torch.manual_seed(self.seed)
-        self.model = model.to(self.device).eval()
+        # transformers types `to` through a decorator whose signature mypy misreads (it wants the model twice)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         chat_kwargs = self.params.extra_body.get("chat_template_kwargs") if isinstance(self.params.extra_body, dict) else None
         self._tokens = PromptRenderer(tokenizer, chat_kwargs if isinstance(chat_kwargs, dict) else None)

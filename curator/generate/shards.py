@@ -91,7 +91,8 @@ def scan_shards(out_dir: str | Path) -> ShardScan:
     """Return the ids already generated in `out_dir` (and counts of anything odd in the shards)."""
     scan = ShardScan()
     for path in shard_paths(out_dir):
-        scan.next_index = max(scan.next_index, int(SHARD_RE.match(path.name).group(1)) + 1)
+        if match := SHARD_RE.match(path.name):  # always: shard_paths lists matching names only
+            scan.next_index = max(scan.next_index, int(match.group(1)) + 1)
         for record in _read_jsonl(path, scan):
             row_id = record.get("id")
             if not isinstance(row_id, str):

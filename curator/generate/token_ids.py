@@ -50,7 +50,7 @@ def _call(name: str, arguments: Any, index: int) -> dict[str, Any]:
 
 def _hermes(text: str) -> tuple[str, ToolCalls]:
     blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S)
-    calls = []
+    calls: ToolCalls = []
     for i, block in enumerate(blocks):
         obj = json.loads(block)
         calls.append(_call(obj["name"], obj.get("arguments", {}), i))
@@ -61,7 +61,7 @@ def _kimi(text: str) -> tuple[str, ToolCalls]:
     section = re.search(r"<\|tool_calls_section_begin\|>(.*?)(?:<\|tool_calls_section_end\|>|$)", text, re.S)
     if section is None:
         return text, []
-    calls = []
+    calls: ToolCalls = []
     for call_id, args in re.findall(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>(.*?)"
                                     r"<\|tool_call_end\|>", section.group(1), re.S):
         name = call_id.split(".", 1)[-1].rsplit(":", 1)[0]
@@ -87,7 +87,7 @@ def _deepseek(text: str) -> tuple[str, ToolCalls]:
     begin = text.find("<｜tool▁calls▁begin｜>")
     if begin < 0:
         return text, []
-    calls = []
+    calls: ToolCalls = []
     for body in re.findall(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁call▁end｜>", text[begin:], re.S):
         # DeepSeek-V3 writes `function<｜tool▁sep｜>NAME` then the arguments in a ```json block;
         # DeepSeek-V3.1 writes `NAME<｜tool▁sep｜>ARGUMENTS`.
@@ -105,7 +105,7 @@ def _deepseek(text: str) -> tuple[str, ToolCalls]:
 def _glm(text: str) -> tuple[str, ToolCalls]:
     """GLM-4.5's calls: <tool_call>NAME then <arg_key>K</arg_key><arg_value>V</arg_value> pairs."""
     blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)
-    calls = []
+    calls: ToolCalls = []
     for block in blocks:
         name, _, rest = block.partition("<arg_key>")
         arguments: dict[str, Any] = {}
@@ -123,7 +123,7 @@ def _glm(text: str) -> tuple[str, ToolCalls]:
 def _harmony(text: str) -> tuple[str, str | None, ToolCalls]:
     reasoning = re.findall(r"<\|channel\|>analysis<\|message\|>(.*?)(?:<\|end\|>|$)", text, re.S)
     final = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", text, re.S)
-    calls = []
+    calls: ToolCalls = []
     # The recipient stands before the channel (`to=functions.X<|channel|>commentary`, as the template
     # renders history) or after it (`<|channel|>commentary to=functions.X`, as gpt-oss often writes).
     for before, after, args in re.findall(

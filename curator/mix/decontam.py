@@ -112,7 +112,7 @@ class Decontaminator:
 
     def load(self, spec: DecontamSpec, base_dir: Path, seed: int, confine_to: Path | None) -> SetReport:
         """Remember the prompts of one `decontaminate:` entry: a text column (`field`) or conversations' user turns."""
-        rows = open_source(spec, base_dir, seed, confine_to)()  # type: ignore[arg-type]
+        rows = open_source(spec, base_dir, seed, confine_to)()
         counts = {"malformed": 0}
         report = self.add(spec.label(), _prompts(rows, spec, counts))
         report.malformed = counts["malformed"]

@@ -14,7 +14,7 @@ def mix_prompts(mix_dir: Path) -> tuple[list[Any], int]:
     prompts, malformed = [], 0
     for row in open_mix(mix_dir).rows():
         context = first_context(row) if not isinstance(row, BadRow) else []
-        if not context:
+        if isinstance(row, BadRow) or not context:
             malformed += 1
             continue
         prompts.append(EvalPrompt(id=row.id, messages=context, category=row.category))

@@ -181,7 +181,7 @@ def _calls(raw: Any, first_index: int) -> list[dict[str, Any]]:
     for i, call in enumerate(raw):
         if not isinstance(call, Mapping):
             raise MalformedRow("tool call is not an object")
-        fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
+        fn: Mapping[str, Any] = call["function"] if isinstance(call.get("function"), Mapping) else call
         args = fn.get("arguments", fn.get("parameters"))
         out.append(tool_call(fn.get("name"), args, call.get("id") or f"call_{first_index + i}"))
     return out
@@ -192,7 +192,7 @@ def tool_schema(spec: Any) -> dict[str, Any]:
     either that shape or a bare {name, description, parameters} (xlam's parameters map becomes properties)."""
     if not isinstance(spec, Mapping):
         raise MalformedRow("a tool is not an object")
-    fn = spec.get("function") if isinstance(spec.get("function"), Mapping) else spec
+    fn: Mapping[str, Any] = spec["function"] if isinstance(spec.get("function"), Mapping) else spec
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise MalformedRow("a tool has no name")
@@ -311,7 +311,8 @@ _TOOL_RESPONSE_BLOCK = re.compile(r"^\s*<tool_response>\s*(.*?)\s*</tool_respons
 
 def _json_values(text: str) -> list[Any]:
     """Return the JSON values written one after another in `text` (a list's items when it is one list)."""
-    decoder, values, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    values: list[Any] = []
     while True:
         while i < len(text) and text[i] not in "[{":
             i += 1

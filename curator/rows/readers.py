@@ -329,7 +329,8 @@ def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | No
                     "move the data under that folder, or run build-mix with --allow-outside-paths"
                 )
         if spec.scan is not None:
-            return lambda: _take(_local_rows(files), spec.scan)
+            scan = spec.scan  # bound now: the lambda runs later
+            return lambda: _take(_local_rows(files), scan)
         return lambda: _local_rows(files)
     data_files = spec.data_files if confine_to is None else _confined_hub_source(spec, base_dir, confine_to.resolve())
     return lambda: _hub_rows(spec, seed, data_files)

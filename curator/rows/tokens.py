@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from curator.errors import ConfigError
-from curator.rows.formats import Conversation
 
 
 class TokenCounter:
@@ -20,7 +21,7 @@ class TokenCounter:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load a tokenizer from {tokenizer_path}: {str(exc).splitlines()[0]}") from None
 
-    def count(self, prompt: Conversation) -> int:
+    def count(self, prompt: Iterable[tuple[str, Any]]) -> int:
         """Return the number of tokens in the prompt's message contents."""
         encoded = self._tok([content for _, content in prompt], add_special_tokens=False)["input_ids"]
         return sum(len(ids) for ids in encoded)

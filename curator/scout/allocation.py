@@ -12,16 +12,17 @@ def allocate(total: int, weights: list[float], caps: list[int | None]) -> list[i
     """Return integer shares of `total` proportional to `weights`, each within its cap (water-filling)."""
     n = len(weights)
     out = [0] * n
-    open_ = [i for i in range(n) if weights[i] > 0 and (caps[i] is None or caps[i] > 0)]
+    cap_of = {i: cap for i, cap in enumerate(caps) if cap is not None}  # uncapped shares are absent
+    open_ = [i for i in range(n) if weights[i] > 0 and cap_of.get(i, 1) > 0]
     remaining = total
     while remaining > 0 and open_:
         weight_sum = sum(weights[i] for i in open_)
         exact = {i: remaining * weights[i] / weight_sum for i in open_}
-        capped = [i for i in open_ if caps[i] is not None and out[i] + exact[i] >= caps[i]]
+        capped = [i for i in open_ if i in cap_of and out[i] + exact[i] >= cap_of[i]]
         if capped:
             for i in capped:
-                remaining -= caps[i] - out[i]
-                out[i] = caps[i]
+                remaining -= cap_of[i] - out[i]
+                out[i] = cap_of[i]
             open_ = [i for i in open_ if i not in capped]
             continue
         # no cap reached: the rest is shared by largest remainders, so the shares sum exactly to the total

@@ -214,14 +214,15 @@ class CatalogSink:
                     while j < len(batch) and batch[j].kind == "tool_call":
                         j += 1
                     rows = [job.payload for job in batch[i:j]]
-                    self._run("tool_call", lambda c, rows=rows: c.log_tool_calls(rows), len(rows))
+                    # _run calls each function at once, so closing over this iteration's values is safe
+                    self._run("tool_call", lambda c: c.log_tool_calls(rows), len(rows))
                     i = j
                     continue
                 job = batch[i]
                 if job.kind == "dataset":
-                    outcomes[i] = self._run("dataset", lambda c, info=job.payload: c.upsert_dataset(info))
+                    outcomes[i] = self._run("dataset", lambda c: c.upsert_dataset(job.payload))
                 elif job.kind == "agent":
-                    outcomes[i] = self._run("agent", lambda c, a=job.payload: c.record_agent(a))
+                    outcomes[i] = self._run("agent", lambda c: c.record_agent(job.payload))
                 else:
                     outcomes[i] = self._run("call", job.payload, report=job.future is None)
                 i += 1

@@ -96,7 +96,7 @@ class ServeBenchReport:
         if not gs or any(g.acceptance_length is None for g in gs):
             return None
         # tokens / verify forwards over all groups: each group's forwards = its tokens / its length
-        forwards = sum(g.output_tokens / g.acceptance_length for g in gs if g.acceptance_length)  # type: ignore[operator]
+        forwards = sum(g.output_tokens / g.acceptance_length for g in gs if g.acceptance_length)
         return sum(g.output_tokens for g in gs) / forwards if forwards else None
 
     def speedup(self, concurrency: int) -> float | None:

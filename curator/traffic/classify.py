@@ -192,7 +192,8 @@ def _phrase_index() -> tuple[dict[str, list[tuple[tuple[str, ...], int]]], list[
 
 
 _BY_FIRST, _SUBSTRINGS = _phrase_index()
-_VERBS = {verb: i for i, s in enumerate(SIGNALS) if isinstance(s, _Request) for verb in s.verbs}
+_REQUESTS = {i: s for i, s in enumerate(SIGNALS) if isinstance(s, _Request)}
+_VERBS = {verb: i for i, s in _REQUESTS.items() for verb in s.verbs}
 # one look-up per word: the phrases it starts and the request signal it is a verb of
 _ENTRIES = {w: (_BY_FIRST.get(w, []), _VERBS.get(w)) for w in {*_BY_FIRST, *_VERBS}}
 _PATTERNS = [(i, s) for i, s in enumerate(SIGNALS) if isinstance(s, _Pattern)]
@@ -251,7 +252,7 @@ def _hits(text: str) -> list[int]:
             if not rest or tuple(tokens[j + 1 : j + 1 + len(rest)]) == rest:
                 hits[i] += 1
         if verb_of is not None:
-            request = SIGNALS[verb_of]
+            request = _REQUESTS[verb_of]
             if any(t in request.nouns for t in tokens[j + 1 : j + 1 + request.window]):
                 hits[verb_of] += 1
     for phrase, i in _SUBSTRINGS:

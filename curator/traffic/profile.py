@@ -237,7 +237,8 @@ def _profile(tally: _Tally, unit: str, by_llm: int, sent_to_llm: int, llm: LLMCl
             for i, cat in enumerate(CATEGORIES)
         },
     }
-    return Profile(
+    # validated as the JSON a reader loads is: the statistics beyond the schema's fields are its extras
+    return Profile.model_validate(dict(
         categories={c: {"share": tally.rows[c] / total, "rows": tally.rows[c]} for c in CATEGORIES},
         features=features,
         rows=total,
@@ -257,7 +258,7 @@ def _profile(tally: _Tally, unit: str, by_llm: int, sent_to_llm: int, llm: LLMCl
                   "calls_or_results": tally.tool_calls / total},
         non_english={"share": tally.non_english / total, "method": LANGUAGE_METHOD},
         examples={c: [_example(t) for t in tally.examples[c]] for c in CATEGORIES},
-    )
+    ))
 
 
 def write_profile(profile: Profile, out: str | Path) -> Path:

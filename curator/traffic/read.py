@@ -41,9 +41,10 @@ def parse_request(record: Mapping[str, Any], where: str) -> TrafficRow | BrokenR
     if "messages" in request or isinstance(request.get("prompt"), str):
         fmt, row = "traffic", request  # build-mix's `format: traffic` reads it the same way
     else:
-        fmt, row = detect_format(request.keys()), request
-        if fmt is None:
+        detected = detect_format(request.keys())
+        if detected is None:
             return BrokenRow(f"no messages in the record ({where})")
+        fmt, row = detected, request
     try:
         conv = NORMALISERS[fmt](row)
     except MalformedRow as exc:

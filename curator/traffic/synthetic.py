@@ -97,7 +97,7 @@ _FOREIGN = {  # (category, text): what users outside English write
     "chat": ["请推荐几本适合初学者的历史书。", "¿Qué lugares me recomiendas visitar en Madrid?", "Schreib mir ein kurzes Gedicht über den Winter."],
 }
 _SYSTEMS = ["You are a helpful assistant.", "You are a concise assistant. Answer briefly.", ""]
-_TOOLS = [
+_TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
                                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
     {"type": "function", "function": {"name": "run_shell", "description": "Run a shell command in the sandbox",
