@@ -153,6 +153,19 @@ def test_build_mix_from_a_catalog_that_cannot_be_opened_is_an_error_before_any_m
     assert not out.exists()
 
 
+def test_build_mix_whose_license_filter_needs_an_unreadable_catalog_is_an_error_before_any_mix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "c.duckdb"
+    broken.write_bytes(b"this is no duckdb file" * 100)
+    recipe = _recipe(tmp_path)
+    recipe.write_text(recipe.read_text() + "filters:\n  licenses: [apache-2.0]\n")
+    out = tmp_path / "mix"
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(out), "--catalog", str(broken)]) == 1
+    assert str(broken) in " ".join(capsys.readouterr().err.split())
+    assert not out.exists()
+
+
 def test_build_mix_with_a_working_catalog_prints_the_recorded_mix_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     catalog = tmp_path / "c.duckdb"
     assert main(["build-mix", "--recipe", str(_recipe(tmp_path)), "--out", str(tmp_path / "mix"),
