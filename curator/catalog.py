@@ -589,7 +589,7 @@ class Catalog:
         """Record a built mix; return its id."""
         mix_id = new_run_id("mix")
         rows = manifest.get("total", {}).get("kept") if isinstance(manifest.get("total"), dict) else manifest.get("rows")
-        with self.connect() as con:
+        with self._recording("mix") as con:
             con.execute(
                 "INSERT INTO mixes VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [mix_id, name, str(out_dir), rows, json.dumps(recipe, default=str), json.dumps(manifest, default=str), _now()],
@@ -609,7 +609,7 @@ class Catalog:
         recorded without user:password."""
         from curator.http import public_url, redact  # httpx: only the commands that record a run pay for it
 
-        with self.connect() as con:
+        with self._recording("generation run") as con:
             con.execute(
                 "INSERT OR REPLACE INTO generation_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [run_id, str(mix_dir), str(out_dir), model, [public_url(e) for e in endpoints],
@@ -620,13 +620,25 @@ class Catalog:
         self, run_id: str, out_dir: str | os.PathLike[str], config: dict[str, Any], metrics: dict[str, Any]
     ) -> None:
         """Insert or update one training run."""
-        with self.connect() as con:
+        with self._recording("training run") as con:
             con.execute(
                 "INSERT OR REPLACE INTO training_runs VALUES (?, ?, ?, ?, ?)",
                 [run_id, str(out_dir), json.dumps(config, default=str), json.dumps(metrics, default=str), _now()],
             )
 
     # -- helpers ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _recording(self, what: str) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection for recording a stage's run: a DuckDB error becomes a CatalogError naming
+        the file, so that a stage's caller catches one type (curator.stages turns it into a warning:
+        the stage's output is on disk whatever the catalog says)."""
+        try:
+            with self.connect() as con:
+                yield con
+        except duckdb.Error as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CatalogError(f"cannot record the {what} in catalog {self.path}: {first_line}") from exc
 
     def _all(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
         columns, rows = self.query(sql, params)

@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("curator.sql", "curator.traffic", "curator.generate", "curator.doctor", "curator.hidden_vllm", "curator.train_progress"),
     ("curator.mix", "curator.capture", "curator.forecast", "curator.engine_feed", "curator.feed_plan_view"),
     ("curator.scout", "curator.serve_bench"),
-    ("curator.evaluation",),
+    ("curator.evaluation", "curator.stages"),
     ("curator.demo",),
     ("curator.commands",),
     ("curator.cli",),

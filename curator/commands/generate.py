@@ -11,7 +11,7 @@ from rich.markup import escape
 from pydantic import ValidationError
 from rich.progress import TextColumn
 
-from curator.errors import CatalogError, ConfigError, EndpointError
+from curator.errors import ConfigError, EndpointError
 from curator.http import DEFAULT_MAX_ANSWER_BYTES
 from curator.ui import console, progress, summary_table
 
@@ -112,20 +112,16 @@ def generate_command(
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(f"--{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}") from exc
-    from curator.catalog import Catalog
-    from curator.generate import generate
     from curator.generate.progress import LiveProgress
+    from curator.stages import generate_and_record
 
     bar = progress(TextColumn("{task.fields[info]}"))
     with bar:
-        stats = generate(config, on_progress=LiveProgress(bar))
+        recorded = generate_and_record(config, catalog, on_progress=LiveProgress(bar))
+    stats = recorded.result
     console.print(summary_table("generation", summary_rows(stats)))
-    # The run is complete on disk whatever the catalog says: a catalog failure is a warning.
-    try:
-        with Catalog.open(catalog) as cat:
-            cat.record_generation_run(stats.run_id, str(mix), str(out), model, stats.endpoints, stats.as_dict())
-    except CatalogError as exc:
-        console.print(f"[yellow]warning:[/] the run is complete but was not recorded in the catalog: {escape(str(exc))}")
+    if recorded.warning:  # the run is complete on disk whatever the catalog says: a warning, not an error
+        console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
     if stats.status == "failed":  # nothing to train on: a script must not carry on as if it worked
         raise EndpointError(f"every row failed ({stats.errors_total}); the reasons are in {out / 'errors.jsonl'}")
 

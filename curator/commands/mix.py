@@ -71,8 +71,9 @@ def build_mix_command(
 ) -> None:
     """Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota."""
     from curator.catalog import Catalog
-    from curator.mix.build import build_mix, licenses_from_catalog, recipe_from_catalog
+    from curator.mix.build import licenses_from_catalog, recipe_from_catalog
     from curator.mix.recipe import load_recipe
+    from curator.stages import CatalogRef, build_and_record_mix
 
     if offline:
         os.environ[OFFLINE_ENV] = "1"  # before the datasets library is imported, which reads it once
@@ -81,17 +82,21 @@ def build_mix_command(
     if target_samples is not None and not from_catalog:
         raise ConfigError("--target-samples only applies with --from-catalog (set `samples:` in the recipe instead)")
     mix_recipe: Recipe
+    cat: CatalogRef = catalog  # opened after the build, unless the build needs it: then its failure is an error
     if recipe is not None:
         mix_recipe = load_recipe(recipe)  # a bad recipe fails before any catalog file is created
-        cat = Catalog.open(catalog)
     else:
         cat = Catalog.open(catalog)
         mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples)
-    licenses = licenses_from_catalog(cat, mix_recipe) if mix_recipe.filters.licenses is not None else None
+    licenses = None
+    if mix_recipe.filters.licenses is not None:  # the license filter reads the datasets' licenses from the catalog
+        cat = cat if isinstance(cat, Catalog) else Catalog.open(catalog)
+        licenses = licenses_from_catalog(cat, mix_recipe)
     with progress(TextColumn("{task.fields[status]}")) as bar:
-        manifest = build_mix(
+        recorded = build_and_record_mix(
             mix_recipe,
             out,
+            cat,
             tokenizer=tokenizer,
             max_prompt_tokens=max_prompt_tokens,
             licenses=licenses,
@@ -99,8 +104,9 @@ def build_mix_command(
             match=match,
             allow_outside_paths=allow_outside_paths,
         )
-    mix_id = cat.record_mix(mix_recipe.name, out.resolve(), mix_recipe.model_dump(mode="json"), manifest)
-    _render(manifest, out, mix_id)
+    _render(recorded.result, out, recorded.catalog_id)
+    if recorded.warning:  # the mix is complete on disk: a catalog failure is a warning, exit 0
+        console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
 
 
 class Records:
@@ -145,7 +151,7 @@ def summary_rows(manifest: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     return columns, rows
 
 
-def _render(manifest: dict, out: Path, mix_id: str) -> None:
+def _render(manifest: dict, out: Path, mix_id: str | None) -> None:
     columns, rows = summary_rows(manifest)
     stdout.print(Records(columns, rows, f"mix {manifest['name']}"))
     for s in manifest["sources"]:
@@ -165,7 +171,8 @@ def _render(manifest: dict, out: Path, mix_id: str) -> None:
                              f"decontamination (exact, and near at Jaccard {decontaminate['near']})"))
     if manifest.get("match"):
         _render_match(manifest["match"])
-    written = [("rows", manifest["rows"]), ("parts", len(manifest["parts"])), ("folder", str(out)), ("catalog mix id", mix_id)]
+    written = [("rows", manifest["rows"]), ("parts", len(manifest["parts"])), ("folder", str(out)),
+               ("catalog mix id", mix_id or "not recorded")]
     if manifest.get("heldout"):
         held = manifest["heldout"]
         written.append(("held-out split", f"{out / held['folder']} ({held['rows']:,} rows, {held['conversations']:,} conversations)"))

@@ -5,34 +5,17 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
 
-from curator.errors import CatalogError, ConfigError
+from curator.errors import ConfigError
 from curator.loss_report import LOSS_NOTE, loss_text
 from curator.train_progress import accept_length_rows, training_progress
 from curator.ui import console, rows_table, summary_table
 from training.errors import TrainingError
-from training.train.config import TrainConfig, load_run_config
-
-if TYPE_CHECKING:  # the trainer imports torch: only a run pays for it, not a usage error
-    from training.train.trainer import TrainResult
-
-
-def _record_run(catalog: Path | None, result: TrainResult, cfg: TrainConfig) -> None:
-    try:
-        from curator.catalog import Catalog
-    except ModuleNotFoundError:
-        return
-    try:
-        with Catalog.open(catalog) as cat:
-            cat.record_training_run(result.run_dir.name, result.run_dir, cfg.to_dict(),
-                                    {"train": result.train, "eval": result.eval, "vocab": result.vocab,
-                                     "checkpoint": str(result.checkpoint), "step": result.step})
-    except CatalogError as exc:
-        console.print(f"[yellow]warning:[/] the run was not recorded in the catalog: {escape(str(exc))}")
+from training.train.config import load_run_config
 
 
 def train(
@@ -55,7 +38,7 @@ def train(
         cfg = load_run_config(config, overrides or [])
     except TrainingError as exc:
         raise ConfigError(f"{config or 'options'}: {exc}") from exc
-    from training.train.trainer import train as run_training
+    from curator.stages import train_and_record  # the trainer loads torch: only a run pays for it
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     bar, show = training_progress()
@@ -65,8 +48,9 @@ def train(
 
         factory = capture_factory(cfg)
     with bar if is_main else nullcontext():
-        result = run_training(cfg, resume=resume, on_metrics=show, stop_after_steps=stop_after,
-                              capture_factory=factory)
+        recorded = train_and_record(cfg, catalog, record=is_main, resume=resume, on_metrics=show,
+                                    stop_after_steps=stop_after, capture_factory=factory)
+    result = recorded.result
     if not is_main:
         return
     final = result.eval or result.train
@@ -91,7 +75,8 @@ def train(
                                  [(k + 1, a, c) for k, (a, c) in enumerate(zip(final["acc"], final["cond_acc"]))],
                                  title=f"accuracy per draft position, K={len(final['acc'])} "
                                        f"({'eval' if result.eval else 'train'})"))
-    _record_run(catalog, result, cfg)
+    if recorded.warning:  # the draft is complete on disk whatever the catalog says: a warning, not an error
+        console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
 
 
 def export(

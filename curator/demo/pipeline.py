@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from rich.markup import escape
@@ -41,9 +41,11 @@ from curator.demo.corpus import (
 )
 from curator.demo.report import DemoReport, StageResult, summary_rows, write_html
 from curator.errors import ConfigError, CuratorError
+from curator.stages import Recorded, build_and_record_mix, generate_and_record, train_and_record
 from curator.ui import console, progress, quiet_library_progress, summary_table
 from training.io.atomic import write_json
 
+T = TypeVar("T")
 STATE_FILE = "demo-state.json"
 # What each stage writes in the workdir (glob patterns): removed before the stage (re)runs, and by --fresh.
 OUTPUTS = {
@@ -193,9 +195,16 @@ class Demo:
             console.print(summary_table(stage, list(figures.items())))
         self._save_state()
 
+    def _recorded(self, recorded: Recorded[T]) -> T:
+        """Return a finished stage's result; a catalog failure after it is a warning in the report,
+        as the stage's command prints it: the stage's files are complete and the demo goes on."""
+        if recorded.warning:
+            self.warn(recorded.warning)
+        return recorded.result
+
     def warn(self, message: str) -> None:
         """Print a warning now and keep it for the report."""
-        console.print(f"[bold yellow]warning:[/] {message}", highlight=False)
+        console.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False)  # messages quote data
         self.report.warnings.append(message)
 
     # -- stages ----------------------------------------------------------------------------
@@ -287,7 +296,6 @@ class Demo:
         self._stage("profile", _cmd(["profile", "--traffic", str(traffic), "--out", str(out)]), fn)
 
     def build_mix(self) -> None:
-        from curator.mix.build import build_mix
         from curator.mix.recipe import load_recipe
 
         recipe_path = self.w / "demo-recipe.yaml"
@@ -320,8 +328,7 @@ class Demo:
             recipe_path.write_text("# DEMO recipe: local demo files stand in for the approved Hub datasets.\n"
                                    + yaml.safe_dump(recipe, sort_keys=False))
             mix_recipe = load_recipe(recipe_path)
-            manifest = build_mix(mix_recipe, mix_dir, match=profile)
-            Catalog.open(self.catalog).record_mix(mix_recipe.name, mix_dir, mix_recipe.model_dump(mode="json"), manifest)
+            manifest = self._recorded(build_and_record_mix(mix_recipe, mix_dir, self.catalog, match=profile))
             counts: dict[str, int] = {}
             for source in manifest["sources"]:  # a traffic source's rows are classified one by one
                 for category, got in (source.get("categories") or {source["category"]: {"kept": source["kept"]}}).items():
@@ -366,7 +373,7 @@ class Demo:
                               "steps (not random: it learns the demo's structure)", fn)
 
     def generate(self) -> None:
-        from curator.generate.run import GenerateConfig, generate
+        from curator.generate.run import GenerateConfig
 
         out = self.w / "gen"
         config = GenerateConfig(mix=self.w / "mix", out=out, model=str(self.w / "target"), backend="transformers",
@@ -380,9 +387,8 @@ class Demo:
 
             bar = progress(TextColumn("{task.fields[info]}"))
             with bar:
-                stats = generate(config, on_progress=LiveProgress(bar))
-            Catalog.open(self.catalog).record_generation_run(stats.run_id, str(config.mix), str(out), config.model,
-                                                             stats.endpoints, stats.as_dict())
+                recorded = generate_and_record(config, self.catalog, on_progress=LiveProgress(bar))
+            stats = self._recorded(recorded)  # the warning, if any, after the progress bar
             repeated = self._check_answers(out)
             return {"samples": stats.done_total, "errors": stats.errors_total, "output tokens": stats.completion_tokens,
                     "output tok/s": stats.output_tokens_per_s, "answers one token repeated": repeated,
@@ -468,17 +474,13 @@ class Demo:
         def fn() -> dict[str, Any]:
             from curator.train_progress import accept_length_rows, training_progress
             from training.train.config import load_run_config
-            from training.train.trainer import train
 
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             cfg = load_run_config(config_path)
             bar, show = training_progress()
             with bar:
-                result = train(cfg, on_metrics=show)
-            with Catalog.open(self.catalog) as cat:
-                cat.record_training_run(result.run_dir.name, result.run_dir, cfg.to_dict(),
-                                        {"train": result.train, "eval": result.eval, "vocab": result.vocab,
-                                         "checkpoint": str(result.checkpoint), "step": result.step})
+                recorded = train_and_record(cfg, self.catalog, on_metrics=show)
+            result = self._recorded(recorded)  # the warning, if any, after the progress bar
             metrics = self.w / "run" / "metrics.jsonl"
             self.report.train_log = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             last = result.eval or {}
