@@ -86,7 +86,8 @@ def build_mix_command(
         cat = Catalog.open(catalog)
     else:
         cat = Catalog.open(catalog)
-        mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples)
+        mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples,
+                                         served=_brief_traffic())
     licenses = licenses_from_catalog(cat, mix_recipe) if mix_recipe.filters.licenses is not None else None
     with progress(TextColumn("{task.fields[status]}")) as bar:
         manifest = build_mix(
@@ -101,6 +102,19 @@ def build_mix_command(
         )
     mix_id = cat.record_mix(mix_recipe.name, out.resolve(), mix_recipe.model_dump(mode="json"), manifest)
     _render(manifest, out, mix_id)
+
+
+def _brief_traffic() -> dict[str, str]:
+    """Return {brief category: traffic category} from the briefs folder ($CURATOR_AGENTS_DIR or ./agents),
+    so that a catalog mix of brief categories records what each serves; empty without briefs (a
+    category named as a traffic category still serves itself)."""
+    from curator.scout.briefs import default_agents_dir, load_briefs
+    from curator.scout.traffic_shares import served_map
+
+    root = default_agents_dir()
+    if not root.is_dir() or not any(root.glob("*.md")):
+        return {}
+    return served_map(load_briefs(root))  # a broken brief is an error, not a silently empty map
 
 
 class Records:
