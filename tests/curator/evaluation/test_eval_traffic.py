@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import toy_corpus
 from curator.traffic.schema import Profile
 from curator.evaluation.weighting import eval_weights
+from curator.scout.briefs import load_briefs
+from curator.scout.traffic_shares import served_map
 from curator.rows.schema import MANIFEST
 from tests.training.eval.test_evaluate import STEPS, export_random_draft, write_mix, write_store
 from training.eval.simulate import AcceptanceStats, traffic_weighted
@@ -57,7 +59,7 @@ def record_serves(mix: Path, serves: dict[str, str | None]) -> Path:
 def write_brief(folder: Path, category: str, traffic: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{category}.md").write_text(f"---\nid: {category}\ntitle: {category}\ncategory: {category}\n"
-                                           f"traffic: {traffic}\nseed_queries: [x]\n---\nbody\n")
+                                           f"traffic: {traffic}\nseed_queries: [x]\ngood_find: x\n---\nbody\n")
     return folder
 
 
@@ -73,6 +75,7 @@ def test_the_category_map_is_the_mixs_and_briefs_at_eval_time_change_nothing(tmp
     # briefs that map otherwise, present when the eval runs: the mix's record still decides
     monkeypatch.setenv("CURATOR_AGENTS_DIR", str(write_brief(tmp_path / "agents", "coding", "chat")))
     write_brief(tmp_path / "agents", "writing", "chat")
+    assert served_map(load_briefs()) == {"coding": "chat", "writing": "chat"}  # valid briefs that disagree
     assert eval_weights(profile, mix) == weights
     result = traffic_weighted({"coding": stats([3]), "writing": stats([0])}, weights.shares, weights.groups)
     assert result["categories"]["code"]["forwards"] == 1 and result["unweighted"] == ["writing"]
