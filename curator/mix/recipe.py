@@ -85,7 +85,6 @@ class SourceSpec(_Location):
     def is_traffic(self) -> bool:
         return self.format == TRAFFIC_FORMAT
 
-
     @field_validator("heldout")
     @classmethod
     def _heldout(cls, value: int | float | None) -> int | float | None:
