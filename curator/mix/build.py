@@ -431,7 +431,7 @@ def _build(
         if progress is not None:
             progress.source_done(run.report)
     if matched is not None:
-        _hand_over_remainders(runs, write)
+        _hand_over_remainders(runs, write, matched.keys)
         for run in runs:
             for cat, n in run.report.kept_by_category.items():
                 matched.add_kept(cat, n)
@@ -443,22 +443,28 @@ def _build(
     return manifest
 
 
-def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRun, list[tuple[int, Examined]]], None]) -> None:
-    """Give the remainder of each source that ran short to the sources of its category that still have
-    rows (in proportion to their quotas), until none is short or none has rows left."""
+def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRun, list[tuple[int, Examined]]], None],
+                          keys: Mapping[str, str] | None = None) -> None:
+    """Give the remainder of each source that ran short to the sources that still have rows of a
+    category serving the same traffic category (`keys`, recipe category -> match key: its own name
+    where absent), in proportion to their quotas, until none is short or none has rows left."""
+    def key(category: str) -> str:
+        return (keys or {}).get(category, category)
+
     while True:
         moved = False
-        for cat in sorted({c for run in runs for c in run.report.quotas}):
-            short = [r for r in runs if r.exhausted and r.report.kept_by_category[cat] < r.report.quotas.get(cat, 0)]
-            takers = [r for r in runs if not r.exhausted and cat in r.report.quotas]
+        for k in sorted({key(c) for run in runs for c in run.report.quotas}):
+            cells = [(r, c) for r in runs for c in r.report.quotas if key(c) == k]
+            short = [(r, c) for r, c in cells if r.exhausted and r.report.kept_by_category[c] < r.report.quotas[c]]
+            takers = [(r, c) for r, c in cells if not r.exhausted]
             if not short or not takers:
                 continue
-            remainder = sum(r.report.quotas[cat] - r.report.kept_by_category[cat] for r in short)
-            for r in short:
-                r.report.quotas[cat] = r.report.kept_by_category[cat]
-            for r, extra in zip(takers, largest_remainder([max(1, r.report.quotas[cat]) for r in takers], remainder)):
-                r.report.quotas[cat] += extra
-            for r in takers:
+            remainder = sum(r.report.quotas[c] - r.report.kept_by_category[c] for r, c in short)
+            for r, c in short:
+                r.report.quotas[c] = r.report.kept_by_category[c]
+            for (r, c), extra in zip(takers, largest_remainder([max(1, r.report.quotas[c]) for r, c in takers], remainder)):
+                r.report.quotas[c] += extra
+            for r in dict.fromkeys(r for r, _ in takers):
                 write(r, r.fill())
             moved = True
         if not moved:

@@ -6,15 +6,16 @@ Two steps, both deterministic for the recipe's seed and linear in the rows:
    the recipe and the traffic have, in the traffic's proportions (largest remainders, so the
    targets sum to the total exactly); a recipe category counts for the traffic category it serves
    (its sources' `traffic:`, else its own name). Each category's target is shared among its
-   sources in the proportions of their recipe quotas. A traffic category the recipe lacks is reported, never
-   invented; a recipe category the traffic lacks gets nothing. A source that runs short gives its
-   remainder to the other sources of its category (curator/mix/build.py).
+   sources in the proportions of their recipe quotas. A traffic category the recipe lacks is
+   reported, never invented; a recipe category the traffic lacks gets nothing. A source that runs
+   short gives its remainder to the other sources serving its traffic category
+   (curator/mix/build.py).
 2. **Rows like the traffic, inside a category.** Importance resampling over hashed word 1-2-gram
    features (DSIR, Xie et al. 2023, with the feature space of curator/traffic/features.py): with p
-   the traffic's feature distribution for the category (from the profile) and q the source's own
-   (estimated from its rows of that category), a row's log importance weight is the mean of
-   log p(f) - log q(f) over its features, times DSIR's chunk length (128), so that length does not
-   decide. Sampling without replacement in proportion to the weights is the Gumbel top-k trick:
+   the traffic's feature distribution for the category served (from the profile) and q the
+   source's own (estimated from its rows of that category), a row's log importance weight is the
+   mean of log p(f) - log q(f) over its features, times DSIR's chunk length (128), so that length
+   does not decide. Sampling without replacement in proportion to the weights is the Gumbel top-k trick:
    each row's key is its log weight plus Gumbel noise drawn from a hash of (seed, source, row), and
    the walk takes rows in descending key. Both distributions are smoothed by adding one per bucket.
 

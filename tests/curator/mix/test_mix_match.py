@@ -184,6 +184,19 @@ def test_a_category_is_matched_through_the_traffic_category_it_serves(folder: Pa
     assert manifest["serves"] == {"chat": "chat", "coding": "code"}
 
 
+def test_a_short_source_gives_its_remainder_to_the_categories_serving_its_traffic_category(folder: Path) -> None:
+    _jsonl(folder / "few.jsonl", _texts(CODE_WORDS, 10, 7))
+    profile = write_profile(folder / "p.json", {"code": 0.8, "chat": 0.2}, {"code": _texts(CODE_WORDS, 50, 9)})
+    recipe = recipe_from_dict({"name": "m", "sources": [
+        {"path": str(folder / "few.jsonl"), "name": "coding", "samples": 40, "category": "coding", "traffic": "code"},
+        {"path": str(folder / "code.jsonl"), "name": "debugging", "samples": 40, "category": "debugging", "traffic": "code"},
+        {"path": str(folder / "chat.jsonl"), "name": "chat", "samples": 20, "category": "chat"}]})
+    manifest = build_mix(recipe, folder / "mix", match=profile)
+    # code's 80 rows: coding has 10 of its 40, debugging takes the other 30 on top of its own 40
+    assert _kept_by_category(manifest) == {"coding": 10, "debugging": 70, "chat": 20}
+    assert manifest["match"]["categories"]["code"]["kept"] == 80 and manifest["total"]["shortfall"] == 0
+
+
 def test_the_plan_pools_the_categories_serving_one_traffic_category(tmp_path: Path) -> None:
     from curator.mix.match import plan
     from curator.traffic.schema import load_profile
