@@ -60,11 +60,12 @@ def measure_variant(w: Path, name: str, options: dict[str, bool], settings: Any)
     train_s = time.perf_counter() - t0
     fmt = "speculators" if options.get("norm_before_residual") else "sglang"
     export = export_checkpoint(out / "run", out / "export", fmt=fmt, verifier="demo/target")
-    chosen, _ = mix_prompts(w / "mix" / ".heldout")
+    prompts = w / "mix" / ".heldout"
+    chosen, _ = mix_prompts(prompts)
     target, tokenizer = load_target(w / "target", "cpu")
     drafter = load_draft(export, w / "target")
     figures = measure(target, tokenizer, drafter, chosen, steps=settings.eval_steps,
-                      max_new_tokens=settings.eval_max_new_tokens, tie_margin=1e-4, weights=eval_weights(w / "profile.json"),
+                      max_new_tokens=settings.eval_max_new_tokens, tie_margin=1e-4, weights=eval_weights(w / "profile.json", prompts),
                       offline=(w / "states", w / "target", held_out_split(export))).to_json()
     simulated = (figures.get("offline_estimate") or {}).get("simulated") or {}
     return {

@@ -64,7 +64,7 @@ def eval_command(
     if topk > 1 and num_draft_tokens is None:
         raise ConfigError("--topk > 1 needs --num-draft-tokens: give the server's --speculative-num-draft-tokens")
     split = held_out_split(draft) if data is not None else None  # refuse before the long decoding
-    weights = eval_weights(profile) if profile is not None else None
+    weights = eval_weights(profile, prompts if prompts.is_dir() else None) if profile is not None else None
     from curator.mix.prompts import mix_prompts  # reads the mix package (datasketch, scipy): only a run pays
 
     all_prompts, malformed = mix_prompts(prompts) if prompts.is_dir() else load_prompt_file(prompts)

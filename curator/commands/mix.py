@@ -87,7 +87,8 @@ def build_mix_command(
         mix_recipe = load_recipe(recipe)  # a bad recipe fails before any catalog file is created
     else:
         cat = Catalog.open(catalog)
-        mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples)
+        mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples,
+                                         served=_brief_traffic())
     licenses = None
     if mix_recipe.filters.licenses is not None:  # the license filter reads the datasets' licenses from the catalog
         cat = cat if isinstance(cat, Catalog) else Catalog.open(catalog)
@@ -107,6 +108,19 @@ def build_mix_command(
     _render(recorded.result, out, recorded.catalog_id)
     if recorded.warning:  # the mix is complete on disk: a catalog failure is a warning, exit 0
         console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
+
+
+def _brief_traffic() -> dict[str, str]:
+    """Return {brief category: traffic category} from the briefs folder ($CURATOR_AGENTS_DIR or ./agents),
+    so that a catalog mix of brief categories records what each serves; empty without briefs (a
+    category named as a traffic category still serves itself)."""
+    from curator.scout.briefs import default_agents_dir, load_briefs
+    from curator.scout.traffic_shares import served_map
+
+    root = default_agents_dir()
+    if not root.is_dir() or not any(root.glob("*.md")):
+        return {}
+    return served_map(load_briefs(root))  # a broken brief is an error, not a silently empty map
 
 
 class Records:

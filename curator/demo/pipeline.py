@@ -545,7 +545,7 @@ class Demo:
             from training.eagle3.load import load_draft
 
             chosen, _ = mix_prompts(prompts)
-            weights = eval_weights(profile)
+            weights = eval_weights(profile, prompts)  # the category map the held-out split recorded
             target, tokenizer = load_target(self.w / "target", "cpu")
             drafter = load_draft(self.w / "export", self.w / "target")
             result = measure(target, tokenizer, drafter, chosen, steps=self.s.eval_steps,

@@ -27,6 +27,9 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
                           max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
                           on_prompt=lambda _: bar.advance(task))
     if weights is not None:
+        if weights.recorded is None:  # once per eval: the simulated figure below uses the same map
+            console.print("[yellow]the prompts record no category map (a mix built before build-mix recorded "
+                          "`serves`, or not a mix): each category counts for the traffic category of its name only[/]")
         report.traffic = traffic_weighted(report.categories, weights.shares, weights.groups)
     if offline is not None:
         data, model, split = offline

@@ -41,7 +41,7 @@ from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, classify_prompt, importance_keys, survey
-from curator.traffic.schema import CATEGORIES, Profile, load_profile
+from curator.traffic.schema import Profile, load_profile
 from training.io.diskspace import named_disk_full
 from training.io.text import is_valid_unicode
 
@@ -374,26 +374,21 @@ def build_mix(
     if max_tokens is not None and tokenizer is None:
         raise ConfigError("max_prompt_tokens needs the target's tokenizer (build-mix --tokenizer PATH)")
     profile = load_profile(match) if match is not None else None
+    serves = recipe.served_categories()
     if profile is not None:
-        shared_categories(profile, recipe_categories(recipe))
+        shared_categories(profile, serves, serves)
     root = None if allow_outside_paths else recipe.path_root
     everything = [*recipe.sources, *recipe.decontaminate]
     for spec in everything:  # inputs first: a missing file or an unreachable Hub leaves nothing behind
         open_source(spec, recipe.base_dir, recipe.seed, root)
     require_hub([spec.dataset for spec in everything if spec.dataset and is_hub_id(spec.dataset)])
     counter = filters.TokenCounter(tokenizer) if tokenizer is not None else None
-    model = TrafficModel(profile) if profile is not None and profile.features is not None else None
+    model = TrafficModel(profile, serves) if profile is not None and profile.features is not None else None
     ctx = _Context(recipe, Deduper(exact=recipe.dedup.exact, near=recipe.dedup.near), Decontaminator(recipe.dedup.near),
                    Counter(), counter, max_tokens, root, progress, model)
     with publish.staged(out) as stage, named_disk_full(out):  # the manifest's and the held-out split's writes too
         manifest = _build(ctx, stage, out, licenses, profile, match)
     return manifest
-
-
-def recipe_categories(recipe: Recipe) -> set[str]:
-    """Return the categories a recipe's sources can fill (a traffic source: every classifier category)."""
-    cats = {s.category for s in recipe.sources if not s.is_traffic}
-    return cats | set(CATEGORIES) if any(s.is_traffic for s in recipe.sources) else cats
 
 
 def _build(
@@ -417,7 +412,8 @@ def _build(
     cells = [(run.idx, cat, n) for run in runs for cat, n in run.recipe_cells().items()]
     matched: MatchPlan | None = None
     if profile is not None:
-        matched = plan(profile, cells, recipe.total_samples(), SELECTION if ctx.model is not None else UNIFORM)
+        matched = plan(profile, cells, recipe.total_samples(), SELECTION if ctx.model is not None else UNIFORM,
+                       recipe.served_categories())
         for run in runs:
             run.report.quotas = dict(matched.quotas.get(run.idx, {}))
     else:
@@ -435,10 +431,10 @@ def _build(
         if progress is not None:
             progress.source_done(run.report)
     if matched is not None:
-        _hand_over_remainders(runs, write)
+        _hand_over_remainders(runs, write, matched.keys)
         for run in runs:
             for cat, n in run.report.kept_by_category.items():
-                matched.kept[cat] = matched.kept.get(cat, 0) + n
+                matched.add_kept(cat, n)
     reports = [run.report for run in runs]
     refuse_empty(reports)
     parts = writer.finish()
@@ -447,22 +443,28 @@ def _build(
     return manifest
 
 
-def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRun, list[tuple[int, Examined]]], None]) -> None:
-    """Give the remainder of each source that ran short to the sources of its category that still have
-    rows (in proportion to their quotas), until none is short or none has rows left."""
+def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRun, list[tuple[int, Examined]]], None],
+                          keys: Mapping[str, str] | None = None) -> None:
+    """Give the remainder of each source that ran short to the sources that still have rows of a
+    category serving the same traffic category (`keys`, recipe category -> match key: its own name
+    where absent), in proportion to their quotas, until none is short or none has rows left."""
+    def key(category: str) -> str:
+        return (keys or {}).get(category, category)
+
     while True:
         moved = False
-        for cat in sorted({c for run in runs for c in run.report.quotas}):
-            short = [r for r in runs if r.exhausted and r.report.kept_by_category[cat] < r.report.quotas.get(cat, 0)]
-            takers = [r for r in runs if not r.exhausted and cat in r.report.quotas]
+        for k in sorted({key(c) for run in runs for c in run.report.quotas}):
+            cells = [(r, c) for r in runs for c in r.report.quotas if key(c) == k]
+            short = [(r, c) for r, c in cells if r.exhausted and r.report.kept_by_category[c] < r.report.quotas[c]]
+            takers = [(r, c) for r, c in cells if not r.exhausted]
             if not short or not takers:
                 continue
-            remainder = sum(r.report.quotas[cat] - r.report.kept_by_category[cat] for r in short)
-            for r in short:
-                r.report.quotas[cat] = r.report.kept_by_category[cat]
-            for r, extra in zip(takers, largest_remainder([max(1, r.report.quotas[cat]) for r in takers], remainder)):
-                r.report.quotas[cat] += extra
-            for r in takers:
+            remainder = sum(r.report.quotas[c] - r.report.kept_by_category[c] for r, c in short)
+            for r, c in short:
+                r.report.quotas[c] = r.report.kept_by_category[c]
+            for (r, c), extra in zip(takers, largest_remainder([max(1, r.report.quotas[c]) for r, c in takers], remainder)):
+                r.report.quotas[c] += extra
+            for r in dict.fromkeys(r for r, _ in takers):
                 write(r, r.fill())
             moved = True
         if not moved:
@@ -482,8 +484,10 @@ def _write_heldout(run: _SourceRun, stage: Path, out: Path, ctx: _Context) -> di
     entry = {"folder": publish.HELDOUT_DIR, "source": run.name, "heldout": run.spec.heldout, "seed": ctx.recipe.seed,
              "conversations": run.found.heldout_conversations if run.found is not None else 0, "rows": rows}
     parts = writer.finish()
+    # its own map, so that `curator eval --prompts MIX/.heldout` reads it where it reads the rows
     writer.publish({"manifest_version": MANIFEST_VERSION, "name": f"{ctx.recipe.name}-heldout", "rows": rows,
-                    "columns": list(COLUMNS), "parts": parts, "heldout": entry})
+                    "columns": list(COLUMNS), "parts": parts, "heldout": entry,
+                    "serves": ctx.recipe.served_categories()})
     return entry
 
 
@@ -554,6 +558,8 @@ def _manifest(
         "decontaminate": {"near": ctx.contam.near if ctx.contam.near is not None else DEFAULT_NEAR,
                           "sets": [s.to_dict() for s in ctx.contam.sets]},
         "heldout": heldout,
+        # {category: the traffic category it serves}: what `curator eval --profile` weights the rows' categories by
+        "serves": recipe.served_categories(),
         "match": matched.to_dict(str(match)) if matched is not None else None,
         "filters": {
             "max_prompt_chars": recipe.filters.max_prompt_chars,
@@ -581,11 +587,14 @@ def recipe_from_catalog(
     seed: int = 0,
     target_samples: int | None = None,
     near: float | None = 0.85,
+    served: Mapping[str, str] | None = None,
 ) -> Recipe:
     """Return a recipe with one source per approved candidate (format auto, split train).
 
     With `target_samples`, the candidates' sample counts are scaled to sum to it exactly
-    (largest remainders), keeping their proportions.
+    (largest remainders), keeping their proportions. `served` maps a candidate's category to the
+    traffic category it serves (the briefs' `traffic:`, `curator.scout.traffic_shares.served_map`):
+    a source whose category serves another one gets it as `traffic:`, for the mix to record.
     """
     usable = [c for c in candidates if c.get("dataset_id") and (c.get("samples") or 0) > 0]
     if not usable:
@@ -598,6 +607,9 @@ def recipe_from_catalog(
         if n <= 0:
             continue
         src: dict[str, Any] = {"dataset": cand["dataset_id"], "samples": n, "category": cand.get("category") or "general"}
+        traffic = (served or {}).get(src["category"])
+        if traffic is not None and traffic != src["category"]:
+            src["traffic"] = traffic
         for key in ("config", "split", "format", "turns", "keep_responses"):
             if cand.get(key) is not None:
                 src[key] = cand[key]

@@ -4,16 +4,18 @@ Two steps, both deterministic for the recipe's seed and linear in the rows:
 
 1. **Category totals.** The recipe's total sample count is shared among the categories that both
    the recipe and the traffic have, in the traffic's proportions (largest remainders, so the
-   targets sum to the total exactly); each category's target is shared among its sources in the
-   proportions of their recipe quotas. A traffic category the recipe lacks is reported, never
-   invented; a recipe category the traffic lacks gets nothing. A source that runs short gives its
-   remainder to the other sources of its category (curator/mix/build.py).
+   targets sum to the total exactly); a recipe category counts for the traffic category it serves
+   (its sources' `traffic:`, else its own name). Each category's target is shared among its
+   sources in the proportions of their recipe quotas. A traffic category the recipe lacks is
+   reported, never invented; a recipe category the traffic lacks gets nothing. A source that runs
+   short gives its remainder to the other sources serving its traffic category
+   (curator/mix/build.py).
 2. **Rows like the traffic, inside a category.** Importance resampling over hashed word 1-2-gram
    features (DSIR, Xie et al. 2023, with the feature space of curator/traffic/features.py): with p
-   the traffic's feature distribution for the category (from the profile) and q the source's own
-   (estimated from its rows of that category), a row's log importance weight is the mean of
-   log p(f) - log q(f) over its features, times DSIR's chunk length (128), so that length does not
-   decide. Sampling without replacement in proportion to the weights is the Gumbel top-k trick:
+   the traffic's feature distribution for the category served (from the profile) and q the
+   source's own (estimated from its rows of that category), a row's log importance weight is the
+   mean of log p(f) - log q(f) over its features, times DSIR's chunk length (128), so that length
+   does not decide. Sampling without replacement in proportion to the weights is the Gumbel top-k trick:
    each row's key is its log weight plus Gumbel noise drawn from a hash of (seed, source, row), and
    the walk takes rows in descending key. Both distributions are smoothed by adding one per bucket.
 
@@ -61,15 +63,23 @@ def match_texts(conversations: Sequence[Sequence[dict[str, Any]]]) -> list[str]:
 
 @dataclass
 class MatchPlan:
-    """Per-category targets of a matched mix and each source's share of them."""
+    """Per-category targets of a matched mix and each source's share of them. A recipe category is
+    matched under the traffic category it serves (`keys`; its own name when it serves none), so the
+    targets, `kept` and the manifest's `match` entry are keyed by traffic category."""
 
     traffic_shares: dict[str, float]
-    targets: dict[str, int]  # category -> rows, over the categories the recipe has
-    quotas: dict[int, dict[str, int]]  # source index -> {category: rows}
-    not_in_recipe: dict[str, float]  # traffic categories the recipe has no source for
+    targets: dict[str, int]  # traffic category (or an unserving recipe category) -> rows
+    quotas: dict[int, dict[str, int]]  # source index -> {recipe category: rows}
+    not_in_recipe: dict[str, float]  # traffic categories no recipe category serves
     not_in_traffic: list[str]  # recipe categories the traffic does not have (target 0)
     method: str = SELECTION
     kept: dict[str, int] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # recipe category -> the key it is matched under
+
+    def add_kept(self, category: str, rows: int) -> None:
+        """Count `rows` kept of a recipe category under the traffic category it serves."""
+        key = self.keys.get(category, category)
+        self.kept[key] = self.kept.get(key, 0) + rows
 
     def to_dict(self, profile_path: str) -> dict[str, Any]:
         """Return the manifest's `match` entry: target vs achieved share per category and the method."""
@@ -89,55 +99,66 @@ class MatchPlan:
                 "categories": categories, "not_in_recipe": self.not_in_recipe, "not_in_traffic": self.not_in_traffic}
 
 
-def shared_categories(profile: Profile, recipe_categories: Iterable[str]) -> list[str]:
-    """Return the categories both the traffic (share > 0) and the recipe have, in the recipe's order;
-    ConfigError listing both when there are none."""
+def match_key(category: str, serves: Mapping[str, str | None] | None) -> str:
+    """Return the key a recipe category is matched under: the traffic category it serves (the recipe's
+    `Recipe.served_categories()`), else its own name (unchanged for categories named as the traffic's)."""
+    return (serves or {}).get(category) or category
+
+
+def shared_categories(profile: Profile, recipe_categories: Iterable[str],
+                      serves: Mapping[str, str | None] | None = None) -> list[str]:
+    """Return the traffic categories (share > 0) that the recipe's categories serve, in the recipe's
+    order; ConfigError listing both when there are none."""
     shares = profile.shares()
     recipe_cats = list(dict.fromkeys(recipe_categories))
-    shared = [c for c in recipe_cats if c in shares]
+    shared = [k for k in dict.fromkeys(match_key(c, serves) for c in recipe_cats) if k in shares]
     if not shared:
         raise ConfigError(
             f"the profile and the recipe share no category: the traffic has {', '.join(sorted(shares)) or 'none'}; "
-            f"the recipe has {', '.join(sorted(recipe_cats))}; set the sources' `category:` to the traffic's names"
+            f"the recipe has {', '.join(sorted(recipe_cats))}; set the sources' `category:` to the traffic's names "
+            "(or `traffic:` to the one each serves)"
         )
     return shared
 
 
-def plan(profile: Profile, cells: Sequence[tuple[int, str, int]], total: int, method: str) -> MatchPlan:
-    """Return the matched quotas for recipe `cells` (source index, category, recipe rows) at `total` rows.
+def plan(profile: Profile, cells: Sequence[tuple[int, str, int]], total: int, method: str,
+         serves: Mapping[str, str | None] | None = None) -> MatchPlan:
+    """Return the matched quotas for recipe `cells` (source index, category, recipe rows) at `total` rows,
+    each recipe category counting for the traffic category it serves (`serves`; without it, its own name).
 
     ConfigError, listing both, when the traffic and the recipe share no category.
     """
     shares = profile.shares()
-    recipe_cats: dict[str, int] = {}
-    for _, cat, rows in cells:
-        recipe_cats[cat] = recipe_cats.get(cat, 0) + rows
-    shared = shared_categories(profile, recipe_cats)
+    recipe_cats = list(dict.fromkeys(cat for _, cat, _ in cells))
+    keys = {cat: match_key(cat, serves) for cat in recipe_cats}
+    shared = shared_categories(profile, recipe_cats, serves)
     counts = largest_remainder([shares[c] for c in shared], total)
-    targets = {c: 0 for c in recipe_cats}
+    targets = {keys[c]: 0 for c in recipe_cats}
     targets.update(dict(zip(shared, counts)))
     quotas: dict[int, dict[str, int]] = {}
-    for cat, target in targets.items():
-        mine = [(i, rows) for i, c, rows in cells if c == cat]
-        weights = [rows for _, rows in mine]
+    for key, target in targets.items():
+        mine = [(i, cat, rows) for i, cat, rows in cells if keys[cat] == key]
+        weights = [rows for _, _, rows in mine]
         if not sum(weights):  # sources whose recipe rows round to nothing still share their category's target
             weights = [1] * len(mine)
-        for (i, _), n in zip(mine, largest_remainder(weights, target)):
+        for (i, cat, _), n in zip(mine, largest_remainder(weights, target)):
             quotas.setdefault(i, {})[cat] = n
     return MatchPlan(
         traffic_shares=dict(shares),
         targets=targets,
         quotas=quotas,
-        not_in_recipe={c: s for c, s in sorted(shares.items()) if c not in recipe_cats},
-        not_in_traffic=sorted(c for c in recipe_cats if c not in shares),
+        not_in_recipe={c: s for c, s in sorted(shares.items()) if c not in targets},
+        not_in_traffic=sorted(c for c in recipe_cats if keys[c] not in shares),
         method=method,
+        keys=keys,
     )
 
 
 class TrafficModel:
     """The traffic's smoothed log feature probabilities per category, from a profile."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, serves: Mapping[str, str | None] | None = None) -> None:
+        self.serves = dict(serves or {})  # a recipe category's rows are compared with its traffic category's
         features = profile.features
         if features is None:
             raise ConfigError("the profile holds no features")
@@ -156,8 +177,9 @@ class TrafficModel:
         self._all = sum(self._counts.values(), np.zeros(self.buckets, dtype=np.float64))
 
     def log_p(self, category: str) -> np.ndarray:
-        """Return log p(bucket) for a category's traffic (all traffic where the profile lacks the category)."""
-        counts = self._counts.get(category)
+        """Return log p(bucket) for the traffic of the category a recipe category serves (all traffic
+        where the profile lacks it)."""
+        counts = self._counts.get(match_key(category, self.serves))
         if counts is None or not counts.sum():
             counts = self._all
         return _log_smoothed(counts)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from curator.errors import ConfigError
 from curator.rows.formats import ALIASES, NORMALISERS
+from curator.traffic.schema import CATEGORIES, serves
 from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 # Built from the normalisers themselves, so that every format docs/generation.md documents is one
@@ -69,6 +70,10 @@ class SourceSpec(_Location):
 
     samples: int = Field(gt=0)
     category: str = "general"
+    traffic: str | None = Field(
+        None, description="the traffic category this source's category serves (agentic, code, reasoning, chat); "
+                          "default: its category when that is one of them"
+    )
     turns: Literal["all", "last"] | None = Field(None, description="default: 'last' for agentic formats and traffic, else 'all'")
     keep_responses: bool = False
     license: str | None = None
@@ -99,6 +104,11 @@ class SourceSpec(_Location):
             raise ValueError("a traffic source's categories come from the traffic classifier; remove `category:`")
         if self.is_traffic and self.keep_responses:
             raise ValueError("a request log holds no answers to keep; remove `keep_responses:`")
+        if self.is_traffic and self.traffic is not None:
+            raise ValueError("a traffic source's categories are the traffic's own; remove `traffic:`")
+        if self.traffic is not None and self.traffic not in CATEGORIES:
+            raise ValueError(f"source {self.label()!r}: traffic {self.traffic!r} is not a traffic category; "
+                             f"use one of {', '.join(CATEGORIES)}")
         return self
 
 
@@ -169,7 +179,30 @@ class Recipe(_Strict):
             seen.add(label)
         if sum(src.is_traffic for src in self.sources) > 1:
             raise ValueError("at most one traffic source (format: traffic): its held-out split is the mix's")
+        for category, named in self._named().items():
+            if len(set(named.values()) - {None}) > 1:  # a category's rows are one column value: they serve one category
+                who = ", ".join(f"{label}: {traffic}" for label, traffic in named.items() if traffic is not None)
+                raise ValueError(f"the sources of category {category!r} serve different traffic categories ({who}); "
+                                 "give them one `traffic:` (or different categories)")
         return self
+
+    def _named(self) -> dict[str, dict[str, str | None]]:
+        """Return {category: {source label: the traffic category it names}}; a traffic source names each
+        of its classifier's categories as itself."""
+        named: dict[str, dict[str, str | None]] = {}
+        for src in self.sources:
+            if src.is_traffic:
+                for category in CATEGORIES:
+                    named.setdefault(category, {})[src.label()] = category
+            else:
+                named.setdefault(src.category, {})[src.label()] = src.traffic
+        return named
+
+    def served_categories(self) -> dict[str, str | None]:
+        """Return {category: the traffic category it serves, None when none} for every category the
+        sources fill: what the sources name as `traffic:`, else the category itself when it is one of
+        CATEGORIES (`curator.traffic.schema.serves`). build-mix records it as the manifest's `serves`."""
+        return {category: serves(category, named.values()) for category, named in self._named().items()}
 
     @property
     def base_dir(self) -> Path:

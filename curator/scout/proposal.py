@@ -27,7 +27,7 @@ from curator.errors import ConfigError
 from training.io.atomic import write_text
 from curator.scout.allocation import DEFAULT_WEIGHT, allocate
 from curator.scout.briefs import Brief
-from curator.scout.traffic_shares import TrafficShares, allocate_by_traffic, traffic_weights
+from curator.scout.traffic_shares import TrafficShares, allocate_by_traffic, served_by, traffic_weights
 
 GOAL_BOOST = 1.5
 AGREEMENT_BONUS = 0.25  # per extra agent that found the same dataset
@@ -105,6 +105,7 @@ class Quota:
     keep_responses: bool
     reason: str
     license: str | None = None
+    traffic: str | None = None  # the traffic category its category serves, when that is another one
 
 
 @dataclass
@@ -216,6 +217,9 @@ def propose_mix(
     quotas: list[Quota] = []
     for c, n in zip(categories, cat_samples):
         cands = by_category[c]
+        # written as the source's `traffic:`, so the mix records what a brief category serves
+        served = served_by(c, briefs)
+        traffic_of = served if served != c else None
         ds_weights = [m.relevance * (1 + AGREEMENT_BONUS * (len(m.agents) - 1)) for m in cands]
         amounts = allocate(n, ds_weights, [m.num_rows for m in cands])
         for m, amount, w in zip(cands, amounts, ds_weights):
@@ -235,7 +239,7 @@ def propose_mix(
             )
             quotas.append(Quota(
                 m.dataset_id, c, amount, split, config,
-                "last" if c in AGENTIC_CATEGORIES else None, bool(own_traces), reason, m.license,
+                "last" if c in AGENTIC_CATEGORIES else None, bool(own_traces), reason, m.license, traffic_of,
             ))
     label = name or f"proposed-{run_id or time.strftime('%Y%m%d-%H%M%S')}"
     return Proposal(label, goal, target_samples, shares, quotas, run_id, notes)
@@ -279,6 +283,8 @@ def render_recipe(proposal: Proposal) -> str:
         lines.append("    format: auto")
         lines.append(f"    samples: {quota.samples}")
         lines.append(f"    category: {q(quota.category)}")
+        if quota.traffic:
+            lines.append(f"    traffic: {quota.traffic}")
         if quota.turns:
             lines.append(f"    turns: {quota.turns}")
         if quota.keep_responses:

@@ -18,7 +18,7 @@ from pathlib import Path
 from curator.errors import ConfigError
 from curator.scout.allocation import DEFAULT_WEIGHT, allocate
 from curator.scout.briefs import Brief
-from curator.traffic.schema import CATEGORIES, load_profile
+from curator.traffic.schema import CATEGORIES, load_profile, serves
 
 def traffic_category(brief: Brief) -> str | None:
     """Return the traffic category a brief serves, or None when it names none."""
@@ -47,10 +47,13 @@ class TrafficShares:
 def served_by(category: str, briefs: list[Brief]) -> str | None:
     """Return the traffic category that a brief category serves: the one its briefs name, else the
     category itself when it is a traffic category; None when it serves none (or its briefs disagree)."""
-    mapped = {traffic_category(b) for b in briefs if b.category == category} - {None}
-    if len(mapped) == 1:
-        return mapped.pop()
-    return category if category in CATEGORIES else None
+    return serves(category, (traffic_category(b) for b in briefs if b.category == category))
+
+
+def served_map(briefs: list[Brief]) -> dict[str, str]:
+    """Return {brief category: traffic category} for every brief category that serves one (`served_by`)."""
+    return {c: served for c in dict.fromkeys(b.category for b in briefs)
+            if (served := served_by(c, briefs)) is not None}
 
 
 def take_for_traffic(briefs: list[Brief], limit: int | None, traffic: TrafficShares) -> tuple[list[Brief], dict[str, int], list[str]]:

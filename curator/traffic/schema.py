@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -20,6 +21,17 @@ from curator.errors import ConfigError
 PROFILE_KIND = "curator-traffic-profile"
 PROFILE_VERSION = 1
 CATEGORIES = ("agentic", "code", "reasoning", "chat")
+
+
+def serves(category: str, named: Iterable[str | None] = ()) -> str | None:
+    """Return the traffic category that `category` (a brief's, a recipe source's) serves: the one
+    `named` names (its briefs' or its source's `traffic:`) when they all agree, else the category
+    itself when it is one of CATEGORIES, else None. The one rule the scouts, build-mix and the eval
+    share, on plain values so that each floor above can apply it to its own records."""
+    mapped = set(named) - {None}
+    if len(mapped) == 1:
+        return mapped.pop()
+    return category if category in CATEGORIES else None
 
 
 class _Strict(BaseModel):

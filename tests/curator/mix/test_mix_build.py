@@ -272,8 +272,31 @@ def test_from_catalog_builds_from_approved_candidates(tmp_path, capsys):
     catalog.reject(ids["rejected-ds"])
     recipe = recipe_from_catalog(catalog.approved_candidates(), target_samples=10)
     assert sorted(s.samples for s in recipe.sources) == [4, 6]
+    assert recipe.served_categories() == {"chat": "chat"}  # no briefs: a traffic category's name serves itself
+    served = recipe_from_catalog(catalog.approved_candidates(), served={"chat": "chat", "coding": "code"})
+    assert all(s.traffic is None for s in served.sources)  # only a category serving another one is written
     out = tmp_path / "mix"
     code = main(["build-mix", "--from-catalog", "--out", str(out), "--catalog", str(tmp_path / "cat.duckdb")])
     assert code == 0
     manifest = read_manifest(out)
     assert {s["name"]: s["kept"] for s in manifest["sources"]} == {str(tmp_path / "chat-ds"): 30, str(tmp_path / "other-ds"): 20}
+
+
+def test_a_catalog_mix_of_brief_categories_records_what_each_serves(tmp_path, monkeypatch):
+    rng = random.Random(9)
+    (tmp_path / "coding-ds").mkdir()
+    _jsonl(tmp_path / "coding-ds" / "train.jsonl", [_sharegpt(_text(rng)) for _ in range(20)])
+    catalog = Catalog.open(tmp_path / "cat.duckdb")
+    catalog.upsert_dataset({"dataset_id": str(tmp_path / "coding-ds"), "license": "apache-2.0"})
+    catalog.approve(catalog.add_candidate("run", "agent", str(tmp_path / "coding-ds"), "coding", 0.9, "good", 10))
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "coding.md").write_text("---\nid: coding\ntitle: Coding\ncategory: coding\ntraffic: code\n"
+                                      "seed_queries: [code]\ngood_find: coding requests\n---\n")
+    for briefs, serves in ((agents, {"coding": "code"}), (tmp_path / "none", {"coding": None})):
+        monkeypatch.setenv("CURATOR_AGENTS_DIR", str(briefs))
+        out = tmp_path / f"mix-{briefs.name}"
+        assert main(["build-mix", "--from-catalog", "--out", str(out), "--catalog", str(tmp_path / "cat.duckdb")]) == 0
+        manifest = read_manifest(out)
+        assert manifest["serves"] == serves
+        assert manifest["recipe"]["sources"][0]["traffic"] == serves["coding"]

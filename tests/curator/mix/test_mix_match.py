@@ -167,3 +167,46 @@ def test_a_profiles_bucket_count_is_bounded_and_its_counts_finite(folder: Path, 
     err = " ".join(capsys.readouterr().err.split())
     assert "not a valid traffic profile" in err and "unexpected" not in err
     assert ("buckets" in err) if edit == "buckets" else ("finite" in err)
+
+
+def test_a_category_is_matched_through_the_traffic_category_it_serves(folder: Path) -> None:
+    shares = {"code": 0.6, "chat": 0.4}
+    profile = write_profile(folder / "p.json", shares, {"code": _texts(CODE_WORDS, 50, 9), "chat": _texts(CHAT_WORDS, 50, 8)})
+    recipe = recipe_from_dict({"name": "m", "seed": 3, "sources": [
+        {"path": str(folder / "chat.jsonl"), "name": "chat", "samples": 70, "category": "chat"},
+        {"path": str(folder / "code.jsonl"), "name": "coding", "samples": 30, "category": "coding", "traffic": "code"}]})
+    manifest = build_mix(recipe, folder / "mix", match=profile)
+    # coding gets code's 60% of the 100 rows; the rows keep their category, the match counts them as code
+    assert _kept_by_category(manifest) == {"coding": 60, "chat": 40}
+    match = manifest["match"]
+    assert set(match["categories"]) == {"code", "chat"} and match["categories"]["code"]["kept"] == 60
+    assert match["not_in_recipe"] == {} and match["not_in_traffic"] == []
+    assert manifest["serves"] == {"chat": "chat", "coding": "code"}
+
+
+def test_a_short_source_gives_its_remainder_to_the_categories_serving_its_traffic_category(folder: Path) -> None:
+    _jsonl(folder / "few.jsonl", _texts(CODE_WORDS, 10, 7))
+    profile = write_profile(folder / "p.json", {"code": 0.8, "chat": 0.2}, {"code": _texts(CODE_WORDS, 50, 9)})
+    recipe = recipe_from_dict({"name": "m", "sources": [
+        {"path": str(folder / "few.jsonl"), "name": "coding", "samples": 40, "category": "coding", "traffic": "code"},
+        {"path": str(folder / "code.jsonl"), "name": "debugging", "samples": 40, "category": "debugging", "traffic": "code"},
+        {"path": str(folder / "chat.jsonl"), "name": "chat", "samples": 20, "category": "chat"}]})
+    manifest = build_mix(recipe, folder / "mix", match=profile)
+    # code's 80 rows: coding has 10 of its 40, debugging takes the other 30 on top of its own 40
+    assert _kept_by_category(manifest) == {"coding": 10, "debugging": 70, "chat": 20}
+    assert manifest["match"]["categories"]["code"]["kept"] == 80 and manifest["total"]["shortfall"] == 0
+
+
+def test_the_plan_pools_the_categories_serving_one_traffic_category(tmp_path: Path) -> None:
+    from curator.mix.match import plan
+    from curator.traffic.schema import load_profile
+
+    profile = load_profile(write_profile(tmp_path / "p.json", {"code": 0.5, "chat": 0.5}, {}))
+    serves = {"coding": "code", "debugging": "code", "chat": "chat", "general": None}
+    matched = plan(profile, [(0, "coding", 6), (1, "debugging", 2), (2, "chat", 1), (3, "general", 5)], 20, "uniform",
+                   serves)
+    assert matched.targets == {"code": 10, "chat": 10, "general": 0}
+    assert matched.quotas == {0: {"coding": 8}, 1: {"debugging": 2}, 2: {"chat": 10}, 3: {"general": 0}}
+    assert matched.not_in_traffic == ["general"] and matched.not_in_recipe == {}
+    # without the map the names are compared as they are: coding and debugging are no traffic category
+    assert plan(profile, [(0, "coding", 6), (2, "chat", 1)], 20, "uniform").not_in_traffic == ["coding"]

@@ -149,3 +149,31 @@ def test_a_recipes_dataset_entries_read_the_hub_only_unless_allowed(tmp_path, ca
     assert main(["build-mix", "--recipe", str(recipe), "--out", str(tmp_path / "mix2"), *catalog, "--offline",
                  "--allow-outside-paths"]) == 0
     assert read_manifest(tmp_path / "mix2")["rows"] == 1
+
+
+def test_a_sources_traffic_is_a_traffic_category_named_with_the_source(tmp_path):
+    path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    name: coder\n    samples: 5\n    category: coding\n"
+                            "    traffic: programming\n")
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    msg = str(err.value)
+    assert str(path) in msg and "sources[0]" in msg and "source 'coder'" in msg
+    assert "'programming' is not a traffic category; use one of agentic, code, reasoning, chat" in msg
+
+
+def test_a_category_serves_one_traffic_category(tmp_path):
+    two = ("name: x\nsources:\n  - path: a.jsonl\n    samples: 5\n    category: coding\n    traffic: code\n"
+           "  - path: b.jsonl\n    samples: 5\n    category: coding\n    traffic: chat\n")
+    with pytest.raises(ConfigError, match=r"sources of category 'coding' serve different traffic categories "
+                                          r"\(a.jsonl: code, b.jsonl: chat\)"):
+        load_recipe(_write(tmp_path, two))
+    with pytest.raises(ConfigError, match="a traffic source's categories are the traffic's own; remove `traffic:`"):
+        load_recipe(_write(tmp_path, "name: x\nsources:\n  - path: t.jsonl\n    format: traffic\n    samples: 5\n"
+                                     "    traffic: code\n"))
+    recipe = load_recipe(_write(tmp_path, "name: x\nsources:\n"
+                                          "  - path: a.jsonl\n    samples: 5\n    category: coding\n    traffic: code\n"
+                                          "  - path: b.jsonl\n    samples: 5\n    category: coding\n"
+                                          "  - path: c.jsonl\n    samples: 5\n    category: chat\n"
+                                          "  - path: d.jsonl\n    samples: 5\n    category: general\n"))
+    # a source without `traffic:` takes its category's; a traffic category's name stands for itself
+    assert recipe.served_categories() == {"coding": "code", "chat": "chat", "general": None}

@@ -137,3 +137,17 @@ def test_a_traffic_source_of_only_invalid_rows_is_named_with_its_reason(tmp_path
         err = " ".join(capsys.readouterr().err.split())
         assert "every row of a source is malformed" in err and "60 malformed (no user turn: 60)" in err, err
         assert not (tmp_path / "mix").exists()
+
+
+def test_the_manifests_record_the_category_each_serves(tmp_path: Path, traffic: Path) -> None:
+    (tmp_path / "coding.jsonl").write_text("".join(json.dumps({"instruction": f"write function {i} " + _text(random.Random(i)),
+                                                               "response": "ok"}) + "\n" for i in range(30)))
+    recipe = recipe_from_dict({"name": "m", "sources": [
+        {"path": str(traffic), "name": "traffic", "format": "traffic", "samples": 60, "heldout": 0.2},
+        {"path": str(tmp_path / "coding.jsonl"), "name": "coding", "samples": 10, "category": "coding", "traffic": "code"},
+        {"path": str(tmp_path / "coding.jsonl"), "name": "misc", "samples": 5, "category": "misc"}]})
+    manifest = build_mix(recipe, tmp_path / "mix")
+    expected = {"agentic": "agentic", "code": "code", "reasoning": "reasoning", "chat": "chat", "coding": "code", "misc": None}
+    assert manifest["serves"] == expected
+    # the held-out split, read as `curator eval --prompts MIX/.heldout`, records the same map
+    assert open_mix(tmp_path / "mix" / ".heldout").manifest["serves"] == expected

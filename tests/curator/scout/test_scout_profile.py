@@ -12,9 +12,10 @@ import yaml
 
 from curator.cli import main
 from curator.errors import ConfigError
+from curator.mix import load_recipe
 from curator.scout.briefs import load_briefs, parse_brief
-from curator.scout.traffic_shares import TrafficShares, take_for_traffic, traffic_category
-from curator.traffic.schema import Profile
+from curator.scout.traffic_shares import TrafficShares, served_by, served_map, take_for_traffic, traffic_category
+from curator.traffic.schema import Profile, serves
 
 AGENTS_DIR = Path(__file__).resolve().parents[3] / "agents"
 SHARES = {"agentic": 0.0, "code": 0.5, "reasoning": 0.2, "chat": 0.3}
@@ -31,6 +32,15 @@ def test_every_shipped_brief_serves_a_traffic_category() -> None:
     assert None not in served.values()
     assert served["agentic-trajectories"] == "agentic" and served["code-review-debugging"] == "code"
     assert served["reasoning-math"] == "reasoning" and served["general-chat"] == "chat"
+
+
+def test_the_serving_rule_is_one_function_on_plain_values() -> None:
+    assert serves("coding", ["code", "code", None]) == "code"
+    assert serves("coding", ["code", "chat"]) is None and serves("general", [None]) is None
+    assert serves("chat", ["code", "chat"]) == "chat" and serves("chat") == "chat"  # disagreeing: its own name
+    briefs = load_briefs(AGENTS_DIR)
+    assert {b.category: served_by(b.category, briefs) for b in briefs} == served_map(briefs)
+    assert served_map(briefs)["writing"] == "chat" and served_map(briefs)["agentic"] == "agentic"
 
 
 def test_agents_are_shared_among_categories_by_the_traffic_shares() -> None:
@@ -77,7 +87,12 @@ def test_scout_with_a_profile_proposes_quotas_in_the_traffic_shares(tmp_path: Pa
     per_traffic = Counter()
     for source in sources:
         per_traffic[briefs[source["category"]]] += source["samples"]
+        # a brief category serving another one says so, for the mix to record (and `eval --profile` to read back)
+        assert source.get("traffic") == (briefs[source["category"]] if briefs[source["category"]] != source["category"]
+                                         else None)
     assert per_traffic == {"code": 5000, "reasoning": 2000, "chat": 3000}
+    assert any("traffic" in source for source in sources)
+    assert load_recipe(recipe).served_categories() == {s["category"]: briefs[s["category"]] for s in sources}
     quota_comments = [line for line in recipe.read_text().splitlines() if line.strip().startswith("# ") and "relevance" in line]
     assert len(quota_comments) == len(sources)
     assert all("(traffic profile traffic-profile.json)" in line for line in quota_comments)
