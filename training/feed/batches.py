@@ -8,12 +8,14 @@ import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Union
 
 import torch
 
 from training.errors import StoreError
 from training.capture.online import OnlineStates
+from training.storage.format import HiddenStateSample
 from training.storage.fp8 import dequantize_fp8
 from training.storage.reader import HiddenStateStore
 
@@ -22,6 +24,15 @@ if TYPE_CHECKING:  # engine.py sits beside this module and imports nothing of it
 
 # stored states, the target run beside the draft, or the serving engines' captures
 States = Union[HiddenStateStore, OnlineStates, "EngineStates"]
+
+
+class SampleStore(Protocol):
+    """What load_batch reads: any of States, or another object with these (the store's root names it in errors)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def load_many(self, ids: list[str]) -> list[HiddenStateSample]: ...
 
 
 @dataclass
@@ -51,7 +62,7 @@ class Batch:
         )
 
 
-def load_batch(store: States, ids: Sequence[str], max_length: int) -> Batch:
+def load_batch(store: SampleStore, ids: Sequence[str], max_length: int) -> Batch:
     """Return the samples `ids` cut to `max_length`, right-padded to the longest into one batch.
 
     Samples read as stored fp8 (a store opened with dequantize=False) stay fp8, with their
@@ -122,7 +133,8 @@ def split_eval(ids: Sequence[str], fraction: float, max_eval: int | None = None)
 
     Hashing the id (not its position) keeps a sample on the same side as the store grows.
     """
-    train, held = [], []
+    train: list[str] = []
+    held: list[str] = []
     for sid in ids:
         h = int.from_bytes(hashlib.sha1(sid.encode("utf-8")).digest()[:8], "big") / 2**64
         (held if h < fraction else train).append(sid)
@@ -135,6 +147,7 @@ def training_ids(
 ) -> tuple[list[str], list[str]]:
     """Return (the ids a run trains on, the ids split off for eval; empty with a separate eval store),
     from a store's ids in index order: the one rule the trainer and the forecast's `--run` read share."""
+    held: list[str]
     if separate_eval:  # held-out prompts captured into their own store: every sample trains
         train, held = sorted(store_ids), []
     else:
