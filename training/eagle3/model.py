@@ -313,6 +313,8 @@ def rope_inv_freq(cfg: DraftConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
+    inv_freq: torch.Tensor  # a buffer, [head_dim // 2]
+
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
@@ -389,6 +391,9 @@ class DecoderLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
+    d2t: torch.Tensor  # buffers: [draft_vocab] int64 (target id - draft id)
+    t2d: torch.Tensor  # [target_vocab] bool (which target ids the draft has)
+
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -410,6 +415,7 @@ class Eagle3Draft(nn.Module):
         t2d[: cfg.draft_vocab_size] = True
         self.register_buffer("t2d", t2d)
         for module in (self.fc, self.lm_head, *self.midlayer.self_attn.children(), *self.midlayer.mlp.children()):
+            assert isinstance(module, nn.Linear)  # the fc, the head and every child of attention and MLP
             nn.init.normal_(module.weight, std=0.02)
 
     def load_embeddings(self, weight: torch.Tensor) -> None:

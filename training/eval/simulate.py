@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from training.eagle3.model import Eagle3Draft, TTTCache
 from training.errors import TrainingError
-from training.feed.batches import load_batch
+from training.feed.batches import SampleStore, load_batch
 
 
 @dataclass
@@ -261,10 +261,9 @@ def default_draft_tokens(steps: int, topk: int, num_draft_tokens: int | None) ->
 # -- simulation over stored samples -------------------------------------------------------------
 
 
-class SampleSource(Protocol):
-    """What the simulation reads: a HiddenStateStore, OnlineStates, or any object with these."""
-
-    def load_many(self, ids: list[str]) -> list[Any]: ...
+class SampleSource(SampleStore, Protocol):
+    """What the simulation reads: a HiddenStateStore, OnlineStates, or any object with these
+    (load_batch's root and load_many, and each sample's category and length)."""
 
     def category(self, sid: str) -> str: ...
 

@@ -8,12 +8,14 @@ import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, Union
 
 import torch
 
 from training.errors import StoreError
 from training.capture.online import OnlineStates
+from training.storage.format import HiddenStateSample
 from training.storage.fp8 import dequantize_fp8
 from training.storage.reader import HiddenStateStore
 
@@ -22,6 +24,16 @@ if TYPE_CHECKING:  # engine.py sits beside this module and imports nothing of it
 
 # stored states, the target run beside the draft, or the serving engines' captures
 States = Union[HiddenStateStore, OnlineStates, "EngineStates"]
+BatchT = TypeVar("BatchT")  # what a Prefetcher's loads return a list of: padded Batch or packing.PackedBatch
+
+
+class SampleStore(Protocol):
+    """What load_batch reads: any of States, or another object with these (the store's root names it in errors)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def load_many(self, ids: list[str]) -> list[HiddenStateSample]: ...
 
 
 @dataclass
@@ -51,7 +63,7 @@ class Batch:
         )
 
 
-def load_batch(store: States, ids: Sequence[str], max_length: int) -> Batch:
+def load_batch(store: SampleStore, ids: Sequence[str], max_length: int) -> Batch:
     """Return the samples `ids` cut to `max_length`, right-padded to the longest into one batch.
 
     Samples read as stored fp8 (a store opened with dequantize=False) stay fp8, with their
@@ -83,7 +95,7 @@ def load_batch(store: States, ids: Sequence[str], max_length: int) -> Batch:
     return Batch(list(ids), input_ids, loss_mask, aux, final, aux_scale, final_scale)
 
 
-class Prefetcher:
+class Prefetcher(Generic[BatchT]):
     """Loads the micro-batches of the next steps on a thread while the current step runs.
 
     The step order is fixed in advance (`epoch_batches`), so what is read ahead is exactly what
@@ -92,14 +104,14 @@ class Prefetcher:
     the reference benchmark's small drafts, a step went from 120 ms to 73 ms with it.
     """
 
-    def __init__(self, load: Callable[[int], list[Batch]], total_steps: int, depth: int = 2) -> None:
+    def __init__(self, load: Callable[[int], list[BatchT]], total_steps: int, depth: int = 2) -> None:
         self._load = load
         self._total = total_steps
         self._depth = depth
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if depth > 0 else None
-        self._ahead: dict[int, Future[list[Batch]]] = {}
+        self._ahead: dict[int, Future[list[BatchT]]] = {}
 
-    def get(self, step: int) -> list[Batch]:
+    def get(self, step: int) -> list[BatchT]:
         """Return step `step`'s loaded micro-batches, and start reading the steps after it."""
         future = self._ahead.pop(step, None)
         loaded = future.result() if future is not None else self._load(step)
@@ -122,7 +134,8 @@ def split_eval(ids: Sequence[str], fraction: float, max_eval: int | None = None)
 
     Hashing the id (not its position) keeps a sample on the same side as the store grows.
     """
-    train, held = [], []
+    train: list[str] = []
+    held: list[str] = []
     for sid in ids:
         h = int.from_bytes(hashlib.sha1(sid.encode("utf-8")).digest()[:8], "big") / 2**64
         (held if h < fraction else train).append(sid)
@@ -135,6 +148,7 @@ def training_ids(
 ) -> tuple[list[str], list[str]]:
     """Return (the ids a run trains on, the ids split off for eval; empty with a separate eval store),
     from a store's ids in index order: the one rule the trainer and the forecast's `--run` read share."""
+    held: list[str]
     if separate_eval:  # held-out prompts captured into their own store: every sample trains
         train, held = sorted(store_ids), []
     else:

@@ -45,10 +45,16 @@ class PackedBatch:
         """Return the batch in page-locked host memory, so that `to(non_blocking=True)` overlaps."""
         if self.input_ids.device.type != "cpu" or not torch.cuda.is_available():
             return self
-        pin = lambda x: None if x is None else x.pin_memory()  # noqa: E731
+
+        def pin(x: torch.Tensor) -> torch.Tensor:
+            return x.pin_memory()
+
+        def pin_scale(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.pin_memory()
+
         return PackedBatch(self.ids, pin(self.input_ids), pin(self.loss_mask), pin(self.aux), pin(self.final),
                            pin(self.positions), pin(self.doc_ids), pin(self.cu_seqlens), self.bounds,
-                           pin(self.aux_scale), pin(self.final_scale))
+                           pin_scale(self.aux_scale), pin_scale(self.final_scale))
 
     def to(self, device: torch.device, dtype: torch.dtype, non_blocking: bool = False) -> PackedBatch:
         """Return the batch on `device` in `dtype`; fp8 states cross as fp8 and are dequantised there."""
@@ -133,11 +139,17 @@ def from_padded(batch: Batch) -> PackedBatch:
     """Return a padded batch [B, T] as one packed row of B samples of T tokens each (padding kept, never trained)."""
     B, T = batch.input_ids.shape
     positions, doc, bounds = _layout([T] * B, batch.input_ids.device)
-    flat = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
+
+    def flat(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(1, B * T, *x.shape[2:])
+
+    def flat_scale(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else flat(x)
+
     return PackedBatch(batch.ids, flat(batch.input_ids), flat(batch.loss_mask), flat(batch.aux), flat(batch.final),
                        positions[None], doc[None], torch.tensor(bounds, dtype=torch.int32,
                                                                 device=batch.input_ids.device),
-                       bounds, flat(batch.aux_scale), flat(batch.final_scale))
+                       bounds, flat_scale(batch.aux_scale), flat_scale(batch.final_scale))
 
 
 def plan_micro_batches(ids: Sequence[str], lengths: dict[str, int], token_budget: int) -> list[list[str]]:

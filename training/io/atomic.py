@@ -81,7 +81,7 @@ def sweep_dead_temps(path: str | Path) -> list[Path]:
     writing and the rename); a live writer's are kept. Return what was removed."""
     path = Path(path)
     prefix = f".{path.name}{TMP_MARK}"
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(path.parent.iterdir())
     except OSError:

@@ -67,6 +67,7 @@ def template_messages(record: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
     problem = messages_problem(raw)
     if problem:
         raise MalformedRecordError(f"record {record.get('id')!r}: {problem}")
+    assert isinstance(raw, list)  # messages_problem passed it, so it is a non-empty list
     messages, train = [], []
     for m in raw:
         out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}

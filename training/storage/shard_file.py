@@ -42,7 +42,7 @@ def _bytes(t: torch.Tensor) -> memoryview:
     t = t.detach().contiguous()
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data  # the array's buffer, as memoryview(array)
 
 
 def write_parts(

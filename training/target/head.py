@@ -78,6 +78,8 @@ def load_lm_head(
 class TargetHead(nn.Module):
     """The target's lm_head as a frozen module: final hidden state [.., H] -> logits [.., V]."""
 
+    weight: torch.Tensor  # a buffer, [V, H]
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("weight", weight.detach())  # [V, H]

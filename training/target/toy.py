@@ -131,7 +131,9 @@ def chat_token_batches(
     rows of `seq_len` tokens: [n_rows, seq_len] int64."""
     ids: list[int] = []
     for conv in conversations:
-        ids.extend(tokenizer.apply_chat_template(conv, tokenize=True, return_dict=False))
+        # transformers annotates one union for every mode of apply_chat_template (text, ids, a batch,
+        # a BatchEncoding); one conversation with tokenize=True, return_dict=False gives its list[int].
+        ids.extend(tokenizer.apply_chat_template(conv, tokenize=True, return_dict=False))  # type: ignore[arg-type]
     n_rows = max(1, len(ids) // seq_len)
     ids = (ids * math.ceil(n_rows * seq_len / max(1, len(ids))))[: n_rows * seq_len]
     return torch.tensor(ids, dtype=torch.long).view(n_rows, seq_len)
@@ -158,7 +160,9 @@ def train_causal_lm(
     import time
 
     gen = random.Random(seed)
-    model.to(device).train()
+    # PreTrainedModel.to is wrapped with functools.wraps, which typeshed types as an unbound
+    # callable (its first parameter, self, seen as the device); the call is the ordinary method call.
+    model.to(device).train()  # type: ignore[arg-type]
     # The rows live where the model does: one gather per step instead of a host copy.
     rows = rows.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)

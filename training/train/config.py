@@ -212,7 +212,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_run_config(path: str | Path | None, overrides: list[str] | dict[str, Any] = ()) -> TrainConfig:
+def load_run_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] | dict[str, Any] = ()) -> TrainConfig:
     """Return a run's config: the file's options (JSON or YAML), then `key=value` overrides over them.
 
     Both entry points (`curator train` and `python -m training.trainer`, under torchrun or not)

@@ -49,8 +49,10 @@ class NonFiniteWatch:
         total = batch.aux.sum(dtype=torch.float32) + batch.final.sum(dtype=torch.float32)
         self._flags.append((batch.ids, torch.isfinite(total)))
 
-    def check(self, step: int, sums: torch.Tensor | None, lr: float) -> None:
-        """Raise when the states, `sums` (the loss and metric sums) or the weights since the last check hold NaN/inf."""
+    def check(self, step: int, sums: torch.Tensor | None, lr: float | torch.Tensor) -> None:
+        """Raise when the states, `sums` (the loss and metric sums) or the weights since the last check hold NaN/inf.
+
+        `lr` is named in the error: a scheduler's get_last_lr() entry (a float, or a tensor lr's 0-dim tensor)."""
         flags, self._flags = self._flags, []
         named: list[str] = []
         if flags:

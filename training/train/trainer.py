@@ -291,8 +291,10 @@ def setup(cfg: TrainConfig, resume: bool = False, capture_factory: CaptureFactor
     vocab = _resolve_vocab(cfg, store, train_ids, run_dir, dist_info, fresh=ckpt is None, init=init)
 
     torch.manual_seed(cfg.seed)
-    if init is not None or (cfg.init_from and ckpt is not None):  # a draft from elsewhere keeps its shape
-        draft_cfg = init.config if init is not None else DraftConfig.from_dict(read_meta(ckpt)["draft_config"])
+    if init is not None:  # a draft from elsewhere keeps its shape
+        draft_cfg = init.config
+    elif cfg.init_from and ckpt is not None:  # ... and so does one resumed from it
+        draft_cfg = DraftConfig.from_dict(read_meta(ckpt)["draft_config"])
     else:
         draft_cfg = DraftConfig.from_target_config(
             {**target_cfg, "vocab_size": head.vocab_size},
@@ -496,7 +498,7 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
         while step < total_steps:
             loaded = prefetch.get(step)
             # every rank divides by the same global count of loss positions per TTT step
-            counts = all_reduce_sum(sum(b.step_counts(cfg.ttt_steps) for b in loaded).to(device))
+            counts = all_reduce_sum(torch.stack([b.step_counts(cfg.ttt_steps) for b in loaded]).sum(0).to(device))
             step_scale = (weights.to(device) / counts.clamp(min=1) * world).float()
             optimizer.zero_grad(set_to_none=True)
             step_sums = torch.zeros(cfg.ttt_steps, N_SUMS, dtype=torch.float64, device=device)
