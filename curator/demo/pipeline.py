@@ -248,7 +248,7 @@ class Demo:
             hub = open_hub("bundled")
             cat = Catalog.open(self.catalog)
             config = ScoutConfig(planner="rules", live=False)
-            run = ScoutRun(cat, hub, take(briefs, 10), config, None, categories(briefs))
+            run = ScoutRun(cat, hub, take(briefs, 10), config, None, sorted(categories(briefs)))
 
             async def go() -> None:
                 try:

@@ -36,7 +36,7 @@ from curator.mix.match import (
     shared_categories,
 )
 from curator.mix.online import require_hub
-from curator.rows.readers import BrokenRow, is_hub_id, open_source
+from curator.rows.readers import BrokenRow, Row, is_hub_id, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
@@ -147,21 +147,21 @@ def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int
     survey's) only normalises: a row it passes that a full look drops is dropped when walked."""
     normalise = None
 
-    def examine(index: int, row: object, light: bool = False) -> Examined:
+    def examine(index: int, row: Row, light: bool = False) -> Examined:
         nonlocal normalise
         if isinstance(row, BrokenRow):
             return Examined(None, "malformed", row.reason)
         if normalise is None:
-            report.format = resolve_format(spec.format, row.keys(), where)  # type: ignore[union-attr]
+            report.format = resolve_format(spec.format, row.keys(), where)
             report.turns = spec.turns or default_turns(report.format)
             normalise = NORMALISERS[report.format]
         try:
-            prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)  # type: ignore[arg-type]
+            prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)
         except MalformedRow as exc:
             return Examined(None, "malformed", str(exc))
         if light:
             return Examined(prompt)
-        own_id = source_id(row)  # type: ignore[arg-type]
+        own_id = source_id(row)
         if not all(is_valid_unicode(content) for _, content in prompt):
             return Examined(None, "malformed", "text is not valid Unicode (lone surrogate)")
         reason = filters.cheap_filter(prompt, max_chars)
@@ -304,17 +304,18 @@ class _SourceRun:
 
     def _decide(self, chunk: list[tuple[int, Examined]]) -> list[tuple[int, Examined]]:
         ctx, report = self.ctx, self.report
-        reasons = [filters.token_filter(ex.prompt, ctx.counter, ctx.max_tokens) if ex.prompt is not None and
-                   self._room(ex.category) else None for _, ex in chunk]
-        passing = [k for k, (_, ex) in enumerate(chunk) if ex.prompt is not None and self._room(ex.category)
-                   and reasons[k] is None]
-        matches, wholes = ctx.contam.screen([chunk[k][1].prompt for k in passing])
+        # the rows still in the running (a prompt, and room in their category), by position in the chunk
+        prompts = {k: ex.prompt for k, (_, ex) in enumerate(chunk) if ex.prompt is not None and self._room(ex.category)}
+        reasons = [filters.token_filter(prompts[k], ctx.counter, ctx.max_tokens) if k in prompts else None
+                   for k in range(len(chunk))]
+        passing = [k for k in prompts if reasons[k] is None]
+        matches, wholes = ctx.contam.screen([prompts[k] for k in passing])
         contaminated = dict(zip(passing, matches))
         clean = [k for k in passing if contaminated[k] is None]
         # A row decontamination prepared is not normalised and sketched again.
         prepared = {k: ctx.deduper.adopt(w) for k, w in zip(passing, wholes) if w is not None and contaminated[k] is None}
         fresh = [k for k in clean if k not in prepared]
-        prepared.update(zip(fresh, ctx.deduper.prepare([dedup_text(chunk[k][1].prompt) for k in fresh])))
+        prepared.update(zip(fresh, ctx.deduper.prepare([dedup_text(prompts[k]) for k in fresh])))
         kept: list[tuple[int, Examined]] = []
         for k, (index, ex) in enumerate(chunk):
             if not self._wanted():
@@ -423,8 +424,7 @@ def _build(
 
     def write(run: _SourceRun, rows: list[tuple[int, Examined]]) -> None:
         for index, ex in rows:
-            writer.add((f"{run.name}:{index}", run.name, ex.category, ex.prompt, run.report.turns,
-                        run.spec.keep_responses, ex.source_id))
+            writer.add(_mix_row(f"{run.name}:{index}", run, ex, run.spec.keep_responses))
 
     for run in runs:
         write(run, run.fill())
@@ -471,13 +471,20 @@ def _hand_over_remainders(runs: Sequence[_SourceRun], write: Callable[[_SourceRu
             return
 
 
+def _mix_row(row_id: str, run: _SourceRun, ex: Examined, keep_responses: bool) -> tuple[str, str, str, Any, str, bool, str | None]:
+    """Return a kept row as MixWriter takes it. Every row kept has its prompt and its category: the
+    examiner sets both, or the traffic classifier the category of a traffic source's rows."""
+    assert ex.prompt is not None and ex.category is not None, f"{row_id} was kept without a prompt or category"
+    return (row_id, run.name, ex.category, ex.prompt, run.report.turns, keep_responses, ex.source_id)
+
+
 def _write_heldout(run: _SourceRun, stage: Path, out: Path, ctx: _Context) -> dict[str, Any]:
     """Write the traffic's held-out rows as a mix of their own (stage/.heldout) and keep them out of this one."""
     writer = MixWriter(stage / publish.HELDOUT_DIR, ctx.recipe.rows_per_part, named=out / publish.HELDOUT_DIR)
     texts: list[str] = []
     rows = 0
     for index, ex in run.heldout_rows():
-        writer.add((f"{run.name}:{index}", run.name, ex.category, ex.prompt, run.report.turns, False, ex.source_id))
+        writer.add(_mix_row(f"{run.name}:{index}", run, ex, False))
         texts.extend(row_texts(ex.prompt))  # type: ignore[arg-type]
         rows += 1
     ctx.contam.add(HELDOUT_OWNER, texts)

@@ -23,16 +23,25 @@ from curator.errors import ConfigError, HubError
 
 class Location(Protocol):
     """Where a source's rows are: what a recipe's source or decontamination entry gives a reader
-    (curator/mix/recipe.py validates them; this layer only reads)."""
+    (curator/mix/recipe.py validates them; this layer only reads: read-only, as the recipe's frozen models are)."""
 
-    dataset: str | None
-    path: str | None
-    config: str | None
-    split: str
-    data_files: str | list[str] | None
-    revision: str | None
-    scan: int | None
-    streaming: bool
+    @property
+    def dataset(self) -> str | None: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def config(self) -> str | None: ...
+    @property
+    def split(self) -> str: ...
+    @property
+    def data_files(self) -> str | list[str] | None: ...
+    @property
+    def revision(self) -> str | None: ...
+    @property
+    def scan(self) -> int | None: ...
+    @property
+    def streaming(self) -> bool: ...
+
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 # The `datasets` library's packaged builders (datasets.packaged_modules, 5.x): `dataset: json` with

@@ -8,6 +8,12 @@ from curator.mix.match import largest_remainder
 DEFAULT_WEIGHT = 0.05  # a category no brief weighs (an agent filed under another's category)
 
 
+def cap_sum(caps: list[int | None]) -> int | None:
+    """Return the cap of a group of shares: the sum of theirs, or None (no cap) when any has none."""
+    known = [c for c in caps if c is not None]
+    return sum(known) if len(known) == len(caps) else None
+
+
 def allocate(total: int, weights: list[float], caps: list[int | None]) -> list[int]:
     """Return integer shares of `total` proportional to `weights`, each within its cap (water-filling)."""
     n = len(weights)

@@ -25,7 +25,7 @@ import yaml
 from curator.catalog import Catalog
 from curator.errors import ConfigError
 from training.io.atomic import write_text
-from curator.scout.allocation import DEFAULT_WEIGHT, allocate
+from curator.scout.allocation import DEFAULT_WEIGHT, allocate, cap_sum
 from curator.scout.briefs import Brief
 from curator.scout.traffic_shares import TrafficShares, allocate_by_traffic, served_by, traffic_weights
 
@@ -201,8 +201,7 @@ def propose_mix(
 
     cat_caps = []
     for c in categories:
-        caps = [m.num_rows for m in by_category[c]]
-        cat_caps.append(None if any(cap is None for cap in caps) else sum(caps))
+        cat_caps.append(cap_sum([m.num_rows for m in by_category[c]]))
     if traffic is not None:
         cat_samples = allocate_by_traffic(target_samples, categories, raw, cat_caps, briefs, traffic)
     else:

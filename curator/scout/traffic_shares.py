@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from curator.errors import ConfigError
-from curator.scout.allocation import DEFAULT_WEIGHT, allocate
+from curator.scout.allocation import DEFAULT_WEIGHT, allocate, cap_sum
 from curator.scout.briefs import Brief
 from curator.traffic.schema import CATEGORIES, load_profile, serves
 
@@ -122,7 +122,7 @@ def allocate_by_traffic(total: int, categories: list[str], weights: dict[str, fl
         if weights.get(c, 0) > 0:
             groups[traffic.served_by(c, briefs) or c].append(i)
     names = list(groups)
-    group_caps = [None if any(caps[i] is None for i in groups[g]) else sum(caps[i] for i in groups[g]) for g in names]
+    group_caps = [cap_sum([caps[i] for i in groups[g]]) for g in names]
     per_group = allocate(total, [sum(weights[categories[i]] for i in groups[g]) for g in names], group_caps)
     out = [0] * len(categories)
     for g, n in zip(names, per_group):
