@@ -75,6 +75,30 @@ class DraftLayout:
         return self.layout.verifier(self.config) if self.layout else None
 
     @property
+    def speculators(self) -> dict[str, Any]:
+        """Return the `speculators_config` block ({} when absent or not an object)."""
+        block = self.config.get("speculators_config")
+        return block if isinstance(block, dict) else {}
+
+    @property
+    def speculative_tokens(self) -> int | None:
+        """Return `speculators_config.proposal_methods[0].speculative_tokens` (vLLM's default draft count)."""
+        methods = self.speculators.get("proposal_methods")
+        first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
+        return int_or_none(first.get("speculative_tokens"))
+
+    @property
+    def speculators_model_type(self) -> str | None:
+        """Return `speculators_model_type` (the method `vllm serve EXPORT` runs), or None."""
+        method = self.config.get("speculators_model_type")
+        return str(method) if method else None
+
+    @property
+    def has_transformer_layer_config(self) -> bool:
+        """Return whether the config has the `transformer_layer_config` object vLLM builds the draft from."""
+        return isinstance(self.config.get("transformer_layer_config"), dict)
+
+    @property
     def aux_layer_ids(self) -> list[int] | None:
         """Return the aux layer ids written for the layout's main reader, in its numbering, or None."""
         return self.layout.written_layer_ids(self.config) if self.layout else None

@@ -23,8 +23,8 @@ def check_launch(spec: LaunchSpec, layout: DraftLayout, target: str | Path | Non
     h = target_hidden or layout.hidden_size or 0
     n_aux = len(layout.aux_layer_ids or []) or 3
     engine = ENGINES[spec.engine]
-    checks.extend(engine.layout_problems(layout.fmt, layout.config))
-    checks.extend(engine.export_checks(spec, layout.path, layout.fmt, layout.config, target))
+    checks.extend(engine.layout_problems(layout))
+    checks.extend(engine.export_checks(spec, layout, target))
     algo = (spec.algorithm or "").upper()
     if spec.algorithm is None:
         checks.append(engine.missing_algorithm(spec, layout.fmt))

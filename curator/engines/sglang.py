@@ -24,6 +24,7 @@ from curator.engines.launch import Check, LaunchSpec, int_opt, kept_args, option
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
+    from curator.engines.draft import DraftLayout
     from curator.engines.sampling import SamplingParams
 
 NAME = "sglang"
@@ -127,18 +128,17 @@ def suggested_launch(model: str, draft: str, steps: int, spec: LaunchSpec | None
     return launch_command(model, draft, steps, topk, draft_tokens(steps, topk, spec.num_draft_tokens if spec else None), spec)
 
 
-def export_checks(spec: LaunchSpec, export: Path, layout_name: str, config: dict[str, Any],
-                  target: str | Path | None) -> list[Check]:
+def export_checks(spec: LaunchSpec, draft: DraftLayout, target: str | Path | None) -> list[Check]:
     """Return the checks of how the command reaches the export: SGLang reads the draft path it is given."""
     return []
 
 
-def layout_problems(layout_name: str, config: dict[str, Any]) -> list[Check]:
+def layout_problems(draft: DraftLayout) -> list[Check]:
     """Return why SGLang cannot serve an export of this layout as trained (nothing when it can)."""
-    if layout_name != "sglang":
+    if draft.fmt != "sglang":
         return [Check("layout vs server", "error",
                       "SGLang picks the draft's class from config.json `architectures` and has no "
-                      f"{(config.get('architectures') or ['?'])[0]} class (nor reads transformer_layer_config), so it "
+                      f"{(draft.architectures or ['?'])[0]} class (nor reads transformer_layer_config), so it "
                       "fails at start-up: export with --format sglang")]
     return []
 

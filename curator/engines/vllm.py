@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from curator.engines.answer import EngineAnswer, ignored_prompt, int_list, malformed
-from curator.engines.launch import Check, LaunchSpec, int_opt, int_or_none, kept_args, option_map, same_path
+from curator.engines.launch import Check, LaunchSpec, int_opt, kept_args, option_map, same_path
 from curator.engines.prometheus import is_counter, parse_prometheus
 from curator.engines.spec_counters import SpecCounters
 from curator.errors import EndpointError
 
 if TYPE_CHECKING:
+    from curator.engines.draft import DraftLayout
     from curator.engines.sampling import SamplingParams
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -112,8 +113,7 @@ def parse(argv: list[str]) -> LaunchSpec:
     return spec
 
 
-def resolve_served_export(spec: LaunchSpec, export: Path, config: dict[str, Any],
-                          target: str | Path | None) -> list[Check]:
+def resolve_served_export(spec: LaunchSpec, draft: DraftLayout, target: str | Path | None) -> list[Check]:
     """Fill `spec` with what vLLM makes of `vllm serve EXPORT`, and return the checks of that form.
 
     vLLM 0.33 (transformers_utils/config.py `maybe_override_with_speculators`, configs/speculators/
@@ -133,15 +133,13 @@ def resolve_served_export(spec: LaunchSpec, export: Path, config: dict[str, Any]
                             "token count goes in --speculative-config '{\"num_speculative_tokens\": N}')"))
     if "--tokenizer" in option_map(spec.argv)[0]:
         checks.append(Check("tokenizer", "warn", "--tokenizer is ignored: vLLM serves the verifier's tokenizer"))
-    sconf: dict[str, Any] = config["speculators_config"] if isinstance(config.get("speculators_config"), dict) else {}
-    methods = sconf.get("proposal_methods")
-    first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], dict) else {}
-    tokens = spec.export_steps = int_or_none(first.get("speculative_tokens"))
-    if tokens is None or not isinstance(config.get("transformer_layer_config"), dict):
+    export = draft.path
+    tokens = spec.export_steps = draft.speculative_tokens
+    if tokens is None or not draft.has_transformer_layer_config:
         checks.append(Check("speculators config", "error",
                             "vLLM refuses this export at start-up: its config.json needs speculators_config."
                             "proposal_methods[0].speculative_tokens and a transformer_layer_config; re-export it"))
-    method = config.get("speculators_model_type")
+    method = draft.speculators_model_type
     if spec.algorithm is not None and str(spec.algorithm).lower() != str(method).lower():
         checks.append(Check("speculative config", "warn",
                             f"method {spec.algorithm!r} is ignored: vLLM takes {method!r} from the export"))
@@ -152,7 +150,7 @@ def resolve_served_export(spec: LaunchSpec, export: Path, config: dict[str, Any]
     if spec.steps is None and tokens is not None:
         spec.steps, spec.topk, spec.num_draft_tokens = tokens, 1, tokens + 1
 
-    verifier = str((sconf.get("verifier") or {}).get("name_or_path") or "")
+    verifier = draft.verifier or ""
     if not takes_verifier(verifier):
         checks.append(Check("verifier", "error",
                             f"`vllm serve` on the export serves its verifier, {verifier!r}: not a Hub repository "
@@ -215,9 +213,10 @@ def suggested_launch(model: str, draft: str, steps: int, spec: LaunchSpec | None
     return shlex.join(["vllm", "serve", model, *kept, "--speculative-config", config])
 
 
-def layout_problems(layout_name: str, config: dict[str, Any]) -> list[Check]:
+def layout_problems(draft: DraftLayout) -> list[Check]:
     """Return why vLLM cannot serve an export of this layout as trained (nothing when it can)."""
-    if layout_name == "sglang" and config.get("eagle_aux_hidden_state_layer_ids") is None:
+    # vLLM's reader asks only whether the top-level key is there (its value is the layout's to check)
+    if draft.fmt == "sglang" and draft.config.get("eagle_aux_hidden_state_layer_ids") is None:
         return [Check("layout vs server", "error",
                       "vLLM serves this layout as Eagle3LlamaForCausalLM but reads its layer ids from the top-level "
                       "eagle_aux_hidden_state_layer_ids (then, per runner, eagle_config's ids as layer inputs or "
@@ -237,13 +236,12 @@ def serves_export_directly(spec: LaunchSpec, export: Path, layout_name: str) -> 
     return layout_name == "speculators" and spec.target is not None and same_path(spec.target, export) == "ok"
 
 
-def export_checks(spec: LaunchSpec, export: Path, layout_name: str, config: dict[str, Any],
-                  target: str | Path | None) -> list[Check]:
+def export_checks(spec: LaunchSpec, draft: DraftLayout, target: str | Path | None) -> list[Check]:
     """Return the checks of how the command reaches the export: `vllm serve EXPORT` serves the verifier
     the export names (transformers_utils/config.py, maybe_override_with_speculators); with the target
     given and the draft in the speculative config, the verifier is not read."""
-    if serves_export_directly(spec, export, layout_name):
-        return resolve_served_export(spec, export, config, target)
+    if serves_export_directly(spec, draft.path, draft.fmt):
+        return resolve_served_export(spec, draft, target)
     return []
 
 
