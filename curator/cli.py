@@ -8,7 +8,8 @@ import importlib
 import os
 import sys
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import click
 import typer
@@ -20,10 +21,18 @@ from curator.errors import CuratorError
 from curator.ui import console
 from training.errors import TrainingError
 
+if TYPE_CHECKING:
+    # The types typer's classes take: typer >= 0.29 ships its own copy of click (typer._click),
+    # whose Context, Command and HelpFormatter are not the `click` module's. Annotations only, never
+    # evaluated at run time (`from __future__ import annotations`): nothing here imports typer._click.
+    from typer._click import Command, Context, HelpFormatter, Parameter
+
 try:  # typer >= 0.29 ships its own copy of click, whose exceptions are not click's
     from typer._click.exceptions import ClickException as _TyperClickException
+
+    _CLICK_ERRORS: tuple[type[click.ClickException] | type[_TyperClickException], ...] = (click.ClickException, _TyperClickException)
 except ImportError:
-    _TyperClickException = click.ClickException
+    _CLICK_ERRORS = (click.ClickException,)
 _EXITS = (click.exceptions.Exit, typer.Exit)
 _ABORTS = (click.exceptions.Abort, typer.Abort, KeyboardInterrupt)
 
@@ -63,37 +72,63 @@ COMMAND_HELP = {
 }
 
 
-def _plain_metavars(command: click.Command) -> None:
+class _TyperParameter(Protocol):
+    """What `_plain_metavars` reads and replaces on typer's TyperArgument and TyperOption beyond
+    click's Parameter: `display_type` is typer's help label; `display_type_rich`,
+    `_get_number_range_help_str` and `_usage_display_name` are typer's internal help hooks (the
+    last two private), declared as attributes because this module replaces them per parameter."""
+
+    display_type: Callable[[Context], str]
+    display_type_rich: Callable[[Context], str | None]
+    _get_number_range_help_str: Callable[[], str | None]
+    _usage_display_name: Callable[[], str]
+
+
+def _label(label: str) -> Callable[[Context], str]:
+    """A `display_type_rich` that answers `label` (typer calls it as `display_type_rich(ctx=ctx)`)."""
+    return lambda ctx: label
+
+
+def _usage(usage: str) -> Callable[[], str]:
+    """A `_usage_display_name` that answers `usage`."""
+    return lambda: usage
+
+
+def _plain_metavars(command: Command) -> None:
     """Drop typer's type placeholders where they say nothing: `<bool>` on flags, `<list[str]>`
     on repeatable options (shown as their item type, `<str>...`), `<float range> [x>=0.001]` on
     bounded numbers (shown as `<float>`: a value out of range is refused with the bound); recurse
     into groups."""
     ctx = command.context_class(command)
-    for param in [*command.params, command.get_help_option(ctx)]:
-        if getattr(param, "_get_number_range_help_str", None) and param._get_number_range_help_str():
-            label = param.display_type(ctx).replace(" range", "")
-            param.display_type_rich = lambda ctx, label=label: label
-            param._get_number_range_help_str = lambda: None
-        if param is not None and param.param_type_name == "argument":
+    params: list[Parameter | None] = [*command.params, command.get_help_option(ctx)]
+    for param in params:
+        if param is None:  # a command without a help option
+            continue
+        typer_param = cast(_TyperParameter, param)  # typer built it: a TyperArgument or a TyperOption
+        if getattr(param, "_get_number_range_help_str", None) and typer_param._get_number_range_help_str():
+            label = typer_param.display_type(ctx).replace(" range", "")
+            typer_param.display_type_rich = _label(label)
+            typer_param._get_number_range_help_str = lambda: None
+        if param.param_type_name == "argument":
             # the usage line names an argument as click does (`curator sql STATEMENT`), not typer's `{statement}`
             name = param.metavar or param.name.upper()
             param.metavar = name
             usage = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 and "..." not in name else "")
-            param._usage_display_name = lambda usage=usage: usage
-        if param is not None and param.param_type_name == "argument" and param.nargs != 1:
+            typer_param._usage_display_name = _usage(usage)
+        if param.param_type_name == "argument" and param.nargs != 1:
             # typer reads an argument's type label from the parameter itself, not its metavar
-            label = param.display_type(ctx).replace("list[", "").replace("]", "") + "..."
-            param.display_type_rich = lambda ctx, label=label: label
-        if param is None or getattr(param, "param_type_name", "") != "option":
+            label = typer_param.display_type(ctx).replace("list[", "").replace("]", "") + "..."
+            typer_param.display_type_rich = _label(label)
+        if getattr(param, "param_type_name", "") != "option":
             continue
         if getattr(param, "is_flag", False) or getattr(param, "count", False):
             param.metavar = ""
-        elif param.metavar is None and "|" in (label := str(param.display_type(ctx) or "")) and len(label) > 14:
+        elif param.metavar is None and "|" in (label := str(typer_param.display_type(ctx) or "")) and len(label) > 14:
             # `<anthropic|openai>` would take its width from every help line: the help names the choices
             param.metavar = "<choice>"
         elif getattr(param, "multiple", False) and param.metavar is None:
             # `Optional[list[Path]]` reads `<Path>`: every other path option is `<path>`
-            param.metavar = param.display_type(ctx).replace("list[", "").replace("]", "").lower() + "..."
+            param.metavar = typer_param.display_type(ctx).replace("list[", "").replace("]", "").lower() + "..."
     for sub in getattr(command, "commands", {}).values():
         _plain_metavars(sub)
 
@@ -104,17 +139,17 @@ class LazyCommands(TyperGroup):
 
     _listing = False
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         return list(dict.fromkeys([*self.commands, *COMMANDS]))
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             if self._listing and cmd_name in COMMAND_HELP:
                 return TyperCommand(name=cmd_name, help=COMMAND_HELP[cmd_name])
             self.load(COMMANDS[cmd_name])
         return self.commands.get(cmd_name)
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+    def resolve_command(self, ctx: Context, args: list[str]) -> Any:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
             known = self.list_commands(ctx)
@@ -128,11 +163,14 @@ class LazyCommands(TyperGroup):
         holder = typer.Typer()
         holder.callback()(lambda: None)  # keeps the holder a group even for a single command
         importlib.import_module(f"curator.commands.{module}").register(holder)
-        for name, command in typer.main.get_command(holder).commands.items():
+        group = typer.main.get_command(holder)
+        if not isinstance(group, TyperGroup):  # the callback above makes the holder a group
+            raise TypeError(f"curator.commands.{module}: typer built a {type(group).__name__}, not a group")
+        for name, command in group.commands.items():
             _plain_metavars(command)
             self.commands.setdefault(name, command)
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         help_option = self.get_help_option(ctx)
         if help_option is not None:
             help_option.metavar = ""
@@ -180,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     except _EXITS as exc:
         code = exc.exit_code
-    except (click.ClickException, _TyperClickException) as exc:
+    except _CLICK_ERRORS as exc:
         exc.show()
         code = exc.exit_code
     except _ABORTS:
