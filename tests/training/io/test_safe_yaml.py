@@ -25,6 +25,7 @@ def _one_named_line(err: str, path: Path) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "unexpected" not in err and "Traceback" not in err, err
     assert f"{path}: line " in lines[0] and "not valid YAML: an integer of 5000 characters" in lines[0], err
+    assert lines[0].count(str(path)) == 1, err  # the path is said once, not by the reader and again by the command
 
 
 def test_a_recipe_with_a_5000_digit_integer_exits_1_with_one_named_line(
@@ -43,3 +44,12 @@ def test_a_train_config_with_a_5000_digit_integer_exits_1_with_one_named_line(
     config.write_text(f"data: d\ntarget: t\nout: o\nseed: {BIG}\n")
     assert main(["train", "--config", str(config)]) == 1
     _one_named_line(capsys.readouterr().err, config)
+
+
+@pytest.mark.parametrize("content, says", [(b"\xff\xfe\x00binary", "is not text"), (b"data: d\ntarget: t\nout: o\nlr: [x]\n", "'lr' must be float")])
+def test_a_train_config_error_names_the_file_once(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, says: str) -> None:
+    config = tmp_path / "bin.yaml"
+    config.write_bytes(content)
+    assert main(["train", "--config", str(config)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert says in err and err.count(str(config)) == 1, err
