@@ -37,7 +37,7 @@ def train(
     try:
         cfg = load_run_config(config, overrides or [])
     except TrainingError as exc:
-        raise ConfigError(f"{config or 'options'}: {exc}") from exc
+        raise ConfigError(str(exc) if config and str(config) in str(exc) else f"{config or 'options'}: {exc}") from exc  # a file's own error names it already
     from curator.stages import train_and_record  # the trainer loads torch: only a run pays for it
 
     is_main = int(os.environ.get("RANK", "0")) == 0

@@ -24,6 +24,7 @@ from training.eagle3.model import DraftConfig
 from training.eagle3.weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
 from training.eagle3.layouts import FORMATS, ExportSource, layout_named
+from training.io.atomic import give_default_mode
 from training.io.diskspace import named_disk_full
 from training.io.outlock import OutputLock
 from training.io.publish import Publisher
@@ -131,6 +132,7 @@ def _publish(out: Path, weights: dict[str, torch.Tensor], config: dict[str, Any]
         # a full disk is said as such ("disk full at OUT: N bytes free"), and the staging folder goes with it
         with named_disk_full(out), pub.staged() as stage:
             save_file(weights, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
+            give_default_mode(stage / WEIGHTS_FILE)  # safetensors' temp file is 0600: made 0644 as config.json is
             (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
     return out
 

@@ -66,6 +66,31 @@ def write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> Path:
     return path
 
 
+def current_umask() -> int:
+    """Return the process's umask without changing it (Linux reports it in /proc; elsewhere it is set and put back)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # the only portable read; put back at once
+    os.umask(mask)
+    return mask
+
+
+def give_default_mode(path: str | Path) -> Path:
+    """Give `path` the mode a plain open() would have (0666 less the umask), and return it.
+
+    Writers that make their own temporary file (safetensors' save_file, the tempfile module) create it
+    0600 and rename it into place, so the weights end up readable by their owner alone, beside a
+    0644 config.json: a serving engine running as another user cannot load them.
+    """
+    os.chmod(path, 0o666 & ~current_umask())
+    return Path(path)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

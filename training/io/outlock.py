@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from training.errors import TrainingError
+from training.io.diskspace import named_disk_full
 
 
 class OutputBusyError(TrainingError):
@@ -60,10 +61,16 @@ class OutputLock:
             if same:
                 break
             os.close(fd)  # the previous holder removed the file as we opened it: lock the new one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
         self._made = made
+        try:
+            # the record is a write like any other: a full disk is named as the other writers name it
+            with named_disk_full(self.folder):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except BaseException:
+            self.release()  # still held, so removing it is safe: no 0-byte lock (and no folder we made) is left
+            raise
         return self
 
     def holder(self) -> str | None:

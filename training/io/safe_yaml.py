@@ -13,12 +13,14 @@ it and the data side (curator.mix.recipe, ...) imports it from here.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
 from yaml.events import AliasEvent
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode
 
 
 class NoAliasLoader(yaml.SafeLoader):
@@ -30,6 +32,20 @@ class NoAliasLoader(yaml.SafeLoader):
             raise ComposerError(None, None, f"uses the alias *{event.anchor}: aliases (and `<<: *name` merges) are "
                                 "not allowed here; write the values out", event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_yaml_int(self, node: ScalarNode) -> int:
+        # int() refuses more than sys.get_int_max_str_digits() (4300) digits with a bare ValueError, which
+        # every reader would let through as "unexpected": made a YAML error that names the line instead
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as exc:
+            raise ConstructorError(None, None, f"an integer of {len(str(node.value))} characters: longer than "
+                                   f"the {sys.get_int_max_str_digits()} digits Python reads ({type(exc).__name__})",
+                                   node.start_mark) from None
+
+
+# the loader's table of constructors is looked up by tag, not by method: point the int tag at the override
+NoAliasLoader.add_constructor("tag:yaml.org,2002:int", NoAliasLoader.construct_yaml_int)
 
 
 def safe_load(text: str) -> Any:

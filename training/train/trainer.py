@@ -568,7 +568,8 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
     if dist_info.is_main and step == total_steps:
         write_text(run.run_dir / "summary.json", json.dumps(
             {"step": step, "train": last_train, "eval": last_eval, "vocab": run.meta["vocab"],
-             "checkpoint": str(path)}, indent=2))
+             # absolute: readers (curator forecast --run, export) open it from any cwd, not the one trained in
+             "checkpoint": str(Path(path).resolve())}, indent=2))
     return TrainResult(run.run_dir, path, step, last_train, last_eval, run.meta["vocab"])
 
 

@@ -339,3 +339,15 @@ def test_an_export_on_a_full_disk_says_so_and_leaves_nothing(run_dir: Path, tmp_
                                   "--format", fmt, "--out", str(disk / "draft"))
     _assert_disk_full(rc, err, disk / "draft")
     assert "unexpected" not in err and ".tmp" not in left and "draft" not in left.replace(str(disk), "")
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_the_exported_weights_get_the_same_mode_as_the_config(run_dir: Path, tmp_path: Path, mask: int, mode: int) -> None:
+    # safetensors writes through a 0600 temp file: a serving engine running as another user could not read the weights
+    before = os.umask(mask)
+    try:
+        out = export_checkpoint(run_dir, tmp_path / "served", fmt="sglang")
+    finally:
+        os.umask(before)
+    modes = {name: (out / name).stat().st_mode & 0o777 for name in ("config.json", "model.safetensors")}
+    assert modes == {"config.json": mode, "model.safetensors": mode}

@@ -116,3 +116,21 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path: Path)
     mine.write_text("the user's")
     atomic.write_json(tmp_path / "p.json", {"k": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["p.json", live.name, mine.name])
+
+
+def test_give_default_mode_is_what_a_plain_open_gives(tmp_path: Path) -> None:
+    import os
+    import tempfile
+
+    before = os.umask(0o027)
+    try:
+        assert atomic.current_umask() == 0o027
+        fd, name = tempfile.mkstemp(dir=tmp_path)  # 0600, whatever the umask
+        os.close(fd)
+        plain = tmp_path / "plain"
+        plain.write_bytes(b"")
+        atomic.give_default_mode(name)
+    finally:
+        os.umask(before)
+    assert os.stat(name).st_mode & 0o777 == plain.stat().st_mode & 0o777 == 0o640
+    assert atomic.current_umask() == before

@@ -281,3 +281,14 @@ def test_logged_loss_splits_into_the_targets_entropy_and_the_kl_the_draft_can_re
         assert r["target_entropy"] > 0 and abs(r["loss"] - r["target_entropy"] - r["kl"]) < 1e-9
         assert r["kl"] >= -1e-6  # cross-entropy never falls below the entropy of the same distribution
     assert log[-1]["kl"] < log[0]["kl"]
+
+
+def test_summary_records_the_checkpoint_absolute_when_out_is_relative(
+        store_dir: Path, sharp_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `curator forecast --run /abs/run` reads summary.json from another cwd: a cwd-relative path would not be found
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    train(tiny_config(store_dir, sharp_target, Path("relrun"), max_steps=2, log_every=1, eval_fraction=0.0))
+    monkeypatch.chdir(tmp_path)
+    ckpt = Path(json.loads((tmp_path / "a" / "relrun" / "summary.json").read_text())["checkpoint"])
+    assert ckpt.is_absolute() and ckpt == tmp_path / "a" / "relrun" / "checkpoints" / "step-0000002" and ckpt.is_dir()

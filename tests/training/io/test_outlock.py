@@ -1,0 +1,33 @@
+"""The output lock: a full disk while writing its record is named, and leaves no lock file behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from training.io import outlock
+from training.io.diskspace import DiskFullError
+from training.io.outlock import OutputLock
+
+
+def test_a_full_disk_writing_the_lock_record_is_the_named_error_and_leaves_no_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "new" / "run"
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(outlock.os, "pwrite", full)
+    with pytest.raises(DiskFullError, match=f"disk full at {out}: .* bytes free"):
+        OutputLock(out, ".train.lock", "curator train").acquire()
+    # no 0-byte lock, and the folders the lock made for it are gone again
+    assert not (out / ".train.lock").exists() and not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    with OutputLock(out, ".train.lock", "curator train") as lock:  # the next run takes it at once
+        assert (out / ".train.lock").read_text().split()[0] == str(os.getpid())
+        assert lock.holder() == f"PID {os.getpid()} on {socket.gethostname()}"
+    assert not (out / ".train.lock").exists()
