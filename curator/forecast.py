@@ -592,9 +592,18 @@ class BreakEven:
     source: str
 
 
-def break_even_from_report(path: str | Path) -> list[BreakEven]:
+class BadServeReportError(ConfigError):
+    """A bench-serve report's figure that cannot be one: an acceptance outside [1, K + 1] for the runs'
+    chain of K, a speedup not finite and positive, or the two giving no finite break-even."""
+
+
+def break_even_from_report(path: str | Path, steps: int | None = None) -> list[BreakEven]:
     """Return the break-even per concurrency of a `curator bench-serve --json` report: AL / speedup,
-    the cost of one speculative cycle in plain decode steps (refused when it measured neither)."""
+    the cost of one speculative cycle in plain decode steps (refused when it measured neither).
+
+    Its figures are bounded as the runs' are (check_acceptance): an acceptance length lies in
+    [1, steps + 1] for the runs' chain of `steps` drafted tokens ([1, inf) while that is not known yet).
+    """
     path = Path(path)
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -608,13 +617,29 @@ def break_even_from_report(path: str | Path) -> list[BreakEven]:
         if not isinstance(row, dict):
             raise ConfigError(f"{path}: concurrency {conc} is {type(row).__name__}, not an object of figures")
         al = _positive_or_none(path, conc, "acceptance_length", row.get("acceptance_length"))
+        if al is not None:
+            _check_served_acceptance(path, conc, al, steps)
         speedup = _positive_or_none(path, conc, "speedup", row.get("speedup"))
         if al and speedup:
+            if not math.isfinite(al / speedup):  # speedup 1e-308: a break-even past every float
+                raise BadServeReportError(f"{path}: concurrency {conc}'s speedup is {speedup!r}: acceptance {al:g} over "
+                                          "it is no finite break-even, not a measured speedup")
             out.append(BreakEven(al / speedup, f"{path.name}, concurrency {conc}: acceptance {al:.2f} at {speedup:.2f}x"))
     if not out:
         raise ConfigError(f"{path}: the report has no concurrency with both an acceptance and a speedup "
                           "(run bench-serve with --baseline against an engine that reports acceptance)")
     return out
+
+
+def _check_served_acceptance(path: Path, conc: str, value: float, steps: int | None) -> None:
+    """Refuse a served acceptance length no chain gives: under 1 (every cycle accepts the verified
+    token), or over steps + 1 once the runs' chain length is known."""
+    top = math.inf if steps is None else steps + 1
+    if not 1.0 <= value <= top:
+        chain = "" if steps is None else f" with the runs' chain of {steps} drafted tokens"
+        bound = "at least 1" if steps is None else f"in [1, {steps + 1}]"
+        raise BadServeReportError(f"{path}: concurrency {conc}'s acceptance_length is {value!r}, impossible{chain}: "
+                                  f"an acceptance length lies {bound}")
 
 
 def _concurrency(path: Path, key: str) -> int:

@@ -75,9 +75,8 @@ def forecast_command(
     # every input is read before any draft trains: a bad report must not wait behind an hour of training
     gen = fc.generation_cost(generation, gpus, tokens_per_s) if generation else None
     bpt = fc.store_bytes_per_token(target, dtype) if target else None
-    breaks = list(fc.break_even_from_report(serve_report)) if serve_report else []
-    if verify_cost is not None:
-        breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
+    if serve_report:  # its shape now; its acceptances against the runs' chain once that is known (below)
+        fc.break_even_from_report(serve_report)
     pairs: list[tuple[dict[str, int], dict[str, float], float | None]] = []
     steps: set[int] = set()
     batches: set[int] = set()
@@ -138,7 +137,12 @@ def forecast_command(
         if len(batches) != 1:
             raise ConfigError(f"--max-steps needs one batch size, and the runs train with {sorted(batches)}: give --epochs")
         budget = fc.Budget(sequences=float(max_steps * batches.pop()))
-    result = fc.make_forecast(fc.points_by_category(pairs), goal, steps.pop(), generation=gen, bytes_per_token=bpt,
+    chain = steps.pop()
+    # the report read again now that the runs' chain K is known: its acceptances lie in [1, K + 1]
+    breaks = fc.break_even_from_report(serve_report, chain) if serve_report else []
+    if verify_cost is not None:
+        breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
+    result = fc.make_forecast(fc.points_by_category(pairs), goal, chain, generation=gen, bytes_per_token=bpt,
                               break_even=breaks, seed=seed, budget=budget)
     render(result)
     if json_out is not None:

@@ -71,7 +71,7 @@ def build_mix_command(
 ) -> None:
     """Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota."""
     from curator.catalog import Catalog
-    from curator.mix.build import licenses_from_catalog, recipe_from_catalog
+    from curator.mix.build import heldout_warnings, licenses_from_catalog, recipe_from_catalog
     from curator.mix.recipe import load_recipe
     from curator.stages import CatalogRef, build_and_record_mix
 
@@ -106,6 +106,8 @@ def build_mix_command(
             allow_outside_paths=allow_outside_paths,
         )
     _render(recorded.result, out, recorded.catalog_id)
+    for line in heldout_warnings(mix_recipe, recorded.result):
+        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     if recorded.warning:  # the mix is complete on disk: a catalog failure is a warning, exit 0
         console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
 

@@ -508,6 +508,32 @@ def refuse_empty(reports: Sequence[SourceReport]) -> None:
         raise ConfigError(f"{what}, so no mix was written: {why}")
 
 
+def heldout_warnings(recipe: Recipe, manifest: Mapping[str, Any]) -> list[str]:
+    """Return one line per traffic source that asked for `heldout:` and got no held-out row.
+
+    Not a refusal: a source whose rows are all filtered (or held-out rows all dropped by the full
+    filters) is content, not a broken file; only "every row of a source is malformed" (a wrong
+    `format:`, refuse_empty) refuses. The rest of the mix is sound, but an eval of MIX/.heldout
+    would find nothing, so the build says so instead of a silent exit 0.
+    """
+    held = manifest.get("heldout") or {}
+    entries = {str(e.get("name")): e for e in manifest.get("sources") or []}
+    lines = []
+    for spec in recipe.sources:
+        name = spec.label()
+        if not spec.is_traffic or spec.heldout is None or (held.get("source") == name and held.get("rows")):
+            continue
+        entry = entries.get(name, {})
+        why = [f"{entry.get('read', 0):,} read"]
+        for what in ("malformed", "filtered"):
+            if entry.get(what):
+                reasons = ", ".join(f"{k}: {v:,}" for k, v in (entry.get(f"{what}_reasons") or {}).items())
+                why.append(f"{entry[what]:,} {what}" + (f" ({reasons})" if reasons else ""))
+        lines.append(f"source {name!r} asked for heldout: {spec.heldout} but has no usable row to hold out "
+                     f"({', '.join(why)}): no {publish.HELDOUT_DIR} split was written for it")
+    return lines
+
+
 def _why_nothing(report: SourceReport) -> str:
     if report.skipped:
         return f"skipped ({report.skipped})"

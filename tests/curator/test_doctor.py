@@ -475,3 +475,48 @@ def test_the_draft_is_read_through_its_layout_not_by_key(tmp_path: Path) -> None
     assert spec.num_attention_heads == spec.decoder_config["num_attention_heads"]
     sgl = read_draft(write_sglang_export(tmp_path / "sgl", config={"architectures": "LlamaForCausalLMEagle3"}))
     assert sgl.verifier is None and sgl.architectures == []  # not a list: nothing to name, no crash
+
+
+@pytest.mark.parametrize("value", [-1, 0, 1000000, "x", 1.5, True])
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_a_draft_whose_layer_count_no_engine_serves_is_never_ready(
+        tmp_path: Path, target: Path, fmt: str, value: object) -> None:
+    """num_hidden_layers -1, 0, 1000000, "x" and 1.5 once got "ready to serve" (sweep item 5): SGLang 0.5.23's
+    LlamaForCausalLMEagle3 raises unless it is 1; vLLM builds that many layers and the export carries one."""
+    draft = write_sglang_export(tmp_path / "d") if fmt == "sglang" else write_speculators_export(tmp_path / "d")
+    config = json.loads((draft / "config.json").read_text())
+    (config if fmt == "sglang" else config["transformer_layer_config"])["num_hidden_layers"] = value
+    (draft / "config.json").write_text(json.dumps(config))
+    report = diagnose(draft, target)
+    details = [c.detail for c in report.errors if c.name == f"{fmt} config"]
+    assert details and all("num_hidden_layers" in d for d in details), report.errors
+    if value == 1000000:  # a count each engine would build: the error names the engine and its rule
+        assert any("vLLM" in d and "decoder layers" in d for d in details)
+        assert ("SGLang" in " ".join(details)) == (fmt == "sglang")
+        assert fmt != "sglang" or any("only supports 1 layer" in d for d in details)
+    assert main(["doctor", "--draft", str(draft), "--model", str(target)]) == 1
+
+
+@pytest.mark.parametrize("value", [100000, 0, -3, "3", 4])
+def test_an_aux_state_count_the_engines_do_not_capture_is_an_error(
+        tmp_path: Path, target: Path, value: object) -> None:
+    """num_aux_hidden_states 100000 (sweep item 5): fc would be built for states the engine never captures."""
+    draft = write_sglang_export(tmp_path / "d", config={"num_aux_hidden_states": value})
+    report = diagnose(draft, target)
+    assert any(c.name == "sglang config" and "num_aux_hidden_states" in c.detail for c in report.errors), report.errors
+    assert main(["doctor", "--draft", str(draft), "--model", str(target)]) == 1
+
+
+def test_a_draft_with_the_aux_count_it_captures_stays_ready(tmp_path: Path, target: Path) -> None:
+    draft = write_sglang_export(tmp_path / "d", config={"num_aux_hidden_states": 3})
+    assert diagnose(draft, target).ok
+
+
+def test_load_draft_refuses_a_layer_count_no_engine_serves(tmp_path: Path) -> None:
+    """eval ran with num_hidden_layers 1000000 (sweep item 5): load_draft refuses what the engines refuse."""
+    from training.eagle3.load import load_draft
+    from training.errors import ModelMismatchError
+
+    draft = write_sglang_export(tmp_path / "d", config={"num_hidden_layers": 1000000})
+    with pytest.raises(ModelMismatchError, match="num_hidden_layers=1000000"):
+        load_draft(draft)

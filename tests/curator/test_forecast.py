@@ -396,6 +396,9 @@ def test_an_impossible_goal_or_verify_cost_is_a_named_error(
     '{"concurrency": {"1": {"acceptance_length": "2.1", "speedup": 1.0}}}',
     '{"concurrency": {"1": {"acceptance_length": NaN, "speedup": 1.0}}}',
     '{"concurrency": {"1": {"acceptance_length": 2.1, "speedup": -0.9}}}', "\udcff not json",
+    # sweep item 8: a break-even past every float, and an acceptance under the verified token's 1
+    '{"concurrency": {"1": {"acceptance_length": 1e308, "speedup": 1e-308}}}',
+    '{"concurrency": {"1": {"acceptance_length": 0.5, "speedup": 1.0}}}',
 ])
 def test_a_garbage_serve_report_is_a_named_error(
     forecast_runs: dict[str, Path], tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
@@ -408,6 +411,32 @@ def test_a_garbage_serve_report_is_a_named_error(
     assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--serve-report", str(report)]) == 1
     err = capsys.readouterr().err
     assert "serve.json" in err and "unexpected" not in err
+
+
+@pytest.mark.parametrize("acceptance", [50, 4.01])
+def test_a_served_acceptance_past_the_runs_chain_is_a_named_error(
+    forecast_runs: dict[str, Path], tmp_path: Path, acceptance: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sweep item 8: acceptance_length 50 was taken beside runs with a chain of 3, whose own figures are
+    held to [1, K + 1]."""
+    report = tmp_path / "serve.json"
+    report.write_text(json.dumps({"concurrency": {"1": {"acceptance_length": acceptance, "speedup": 1.2}}}))
+    with pytest.raises(fc.BadServeReportError, match=r"acceptance_length .*\[1, 4\]"):
+        fc.break_even_from_report(report, 3)
+    assert fc.break_even_from_report(report)  # without a chain known, only [1, inf) holds
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--serve-report", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert "serve.json" in err and "acceptance_length" in err and "[1, 4]" in err and "unexpected" not in err
+
+
+def test_a_served_acceptance_within_the_chain_is_taken(forecast_runs: dict[str, Path], tmp_path: Path) -> None:
+    report = tmp_path / "serve.json"
+    report.write_text(json.dumps({"concurrency": {"1": {"acceptance_length": 4, "speedup": 2.0}}}))
+    (be,) = fc.break_even_from_report(report, 3)
+    assert be.acceptance == pytest.approx(2.0)
+    runs = sorted(forecast_runs["runs"].glob("run-*"))
+    assert main(["forecast", *[a for r in runs for a in ("--run", str(r))], "--serve-report", str(report)]) == 0
 
 
 def test_a_bad_serve_report_is_refused_before_any_draft_trains(forecast_runs: dict[str, Path], tmp_path: Path) -> None:

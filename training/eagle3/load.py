@@ -44,6 +44,11 @@ def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> 
     target = target_dir or provenance(config).get("target_dir")
     target_config = read_target_config(target) if target and Path(target).exists() else None
     layout: Layout = layout_of(config)
+    # what the engines refuse or misserve (a layer count of 1000000) is refused here too: eval would
+    # otherwise measure a draft the toolkit builds its own way, which no engine serves
+    problems = layout.config_problems(config)
+    if problems:
+        raise ModelMismatchError(f"{root}/config.json: {'; '.join(problems)}")
     try:
         cfg = layout.draft_config(config, target_config)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -139,6 +139,33 @@ def test_a_traffic_source_of_only_invalid_rows_is_named_with_its_reason(tmp_path
         assert not (tmp_path / "mix").exists()
 
 
+def test_a_held_out_traffic_source_that_keeps_no_row_is_warned_of(tmp_path: Path, traffic: Path, capsys) -> None:
+    """Every row filtered (empty user turns) beside a sound source: the build once exited 0 with no
+    .heldout and no word of it (sweep item 12). Content, not a broken file: a warning, not the
+    "every row of a source is malformed" refusal."""
+    with open(tmp_path / "tr.jsonl", "w") as f:
+        for i in range(60):
+            f.write(json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": f"hi {i}"}]}) + "\n")
+    with open(tmp_path / "ok.jsonl", "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i} about sorting"}]}) + "\n")
+    (tmp_path / "r.yaml").write_text("name: t\nsources:\n  - path: tr.jsonl\n    name: tr\n    format: traffic\n"
+                                     "    samples: 10\n    heldout: 0.1\n  - path: ok.jsonl\n    samples: 5\n")
+    args = ["build-mix", "--recipe", str(tmp_path / "r.yaml"), "--catalog", str(tmp_path / "c.duckdb")]
+    assert main([*args, "--out", str(tmp_path / "mix")]) == 0
+    out = capsys.readouterr()
+    said = " ".join((out.out + out.err).split())
+    assert "warning: source 'tr' asked for heldout: 0.1" in said and "60 filtered (empty_prompt: 60)" in said, said
+    assert not (tmp_path / "mix" / ".heldout").exists()
+    # a traffic source that holds rows out: no such warning
+    (tmp_path / "r2.yaml").write_text(f"name: t2\nsources:\n  - path: {traffic}\n    name: traffic\n"
+                                      "    format: traffic\n    samples: 50\n    heldout: 0.25\n")
+    assert main(["build-mix", "--recipe", str(tmp_path / "r2.yaml"), "--catalog", str(tmp_path / "c.duckdb"),
+                 "--out", str(tmp_path / "mix2")]) == 0
+    out = capsys.readouterr()
+    assert "asked for heldout" not in out.out + out.err and (tmp_path / "mix2" / ".heldout").is_dir()
+
+
 def test_the_manifests_record_the_category_each_serves(tmp_path: Path, traffic: Path) -> None:
     (tmp_path / "coding.jsonl").write_text("".join(json.dumps({"instruction": f"write function {i} " + _text(random.Random(i)),
                                                                "response": "ok"}) + "\n" for i in range(30)))

@@ -181,9 +181,14 @@ PERSONAL = {  # what the fault sweep of issue 38 (item 6) found copied, one of e
     "hf_short": "hf_Qm1RtYpLkJhGf",
     "spelled_email": "jane.whitfield at example dot com",
     "named": "My name is Oskar Lindqvist",
+    # the fault sweep of 2026-12-04 (item 7)
+    "password_contracted": "my password's swordfish123",
+    "half_spelled_email": "mail john.pelham at example.com",
+    "postcode": "I am John Smith, 221B Baker Street, London NW1 6XE",
 }
 PERSONAL_NEEDLES = ["Whitfield", "Baker Street", "Hauptstraße 17", "3704 0044", "GB82WEST", "Tr0ub4dor", "abc12",
-                    "Qm1RtYpLkJhGf", "example dot com", "Lindqvist"]
+                    "Qm1RtYpLkJhGf", "example dot com", "Lindqvist", "swordfish123", "pelham", "example.com",
+                    "NW1 6XE", "John Smith"]
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])

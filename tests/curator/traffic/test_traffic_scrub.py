@@ -21,9 +21,20 @@ from curator.traffic.scrub import scrub
     ("call me at +44 20 7946 0958 or (415) 555-0132", "7946"),
     ("the box at 10.42.7.199 and fe80::1ff:fe23:4567:890a", "10.42.7.199"),
     ("the box at 10.42.7.199 and fe80::1ff:fe23:4567:890a", "fe23:4567"),
+    # the fault sweep of 2026-12-04 (item 7) found these copied as they were
+    ("my password's swordfish123", "swordfish123"),
+    ("write to john at example.com", "john"),
+    ("I am John Smith, 221B Baker Street, London NW1 6XE", "NW1 6XE"),
+    ("I am John Smith, 221B Baker Street, London NW1 6XE", "John Smith"),
+    ("the palace is at SW1A 1AA", "SW1A 1AA"),
 ])
 def test_secrets_and_personal_data_are_replaced(text: str, secret: str) -> None:
     assert secret not in scrub(text)
+
+
+def test_the_words_around_a_scrubbed_value_stay() -> None:
+    assert scrub("my password's swordfish123") == "my password's [REDACTED]"
+    assert scrub("I am John Smith, 221B Baker Street, London NW1 6XE") == "I am [NAME], [ADDRESS], London [POSTCODE]"
 
 
 def test_ordinary_code_math_and_times_survive() -> None:

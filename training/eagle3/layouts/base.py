@@ -141,8 +141,15 @@ class Layout(ABC):
         """Return, per engine that reads this layout, the target layers (as inputs) it feeds the draft."""
 
     def config_problems(self, config: dict[str, Any]) -> list[str]:
-        """Return what in a config.json of this layout its readers refuse (beyond the shared fields)."""
-        return []
+        """Return what in a config.json of this layout its readers refuse or misserve (beyond the shared
+        fields): the decoder's layer count and the aux-state count, as every layout's readers build them."""
+        layer = self.decoder_config(config)
+        return [*decoder_layer_problems(layer, self.layer_count_rules()),
+                *aux_count_problems(layer, self.written_layer_ids(config))]
+
+    def layer_count_rules(self) -> dict[str, str]:
+        """Return, per engine that reads this layout, what it does with `num_hidden_layers` > 1."""
+        return {f"vLLM {VLLM_VERSION}": VLLM_LAYER_RULE}
 
     def verifier(self, config: dict[str, Any]) -> str | None:
         """Return the target a reader of this layout serves by name (None: the layout names none)."""
@@ -229,6 +236,51 @@ class Layout(ABC):
             aux_layer_ids=[int(i) for i in layer_ids],
             **self.trained_variant(config),
         )
+
+
+# vLLM 0.32/0.33 model_executor/models/llama_eagle3.py: LlamaModel builds `range(num_hidden_layers)`
+# decoder layers and loads what the file has; an export carries one layer, so the rest run untrained
+VLLM_VERSION = "0.33"
+VLLM_LAYER_RULE = ("builds that many decoder layers (llama_eagle3.py LlamaModel) and the export carries weights "
+                   "for one: the others would run uninitialised")
+
+
+def decoder_layer_problems(layer: dict[str, Any], rules: dict[str, str]) -> list[str]:
+    """Return what is wrong with the decoder's `num_hidden_layers` for the engines in `rules`.
+
+    A missing key is as wrong as a bad one: the engines read the block as a transformers LlamaConfig,
+    whose default is 32 layers. Not a positive integer: no engine builds a draft from it.
+    """
+    value = layer.get("num_hidden_layers")
+    if "num_hidden_layers" not in layer:
+        return ["num_hidden_layers is missing: the engines read the decoder as a LlamaConfig, whose default is 32 "
+                "layers; an EAGLE-3 draft has 1 (re-export with curator export)"]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return [f"num_hidden_layers={value!r} is not a layer count: every engine builds the draft's decoder layers "
+                "from it, and an EAGLE-3 draft has 1 (re-export with curator export)"]
+    if value == 1:
+        return []
+    return [f"num_hidden_layers={value}: {engine} {rule}" for engine, rule in rules.items()]
+
+
+def aux_count_problems(layer: dict[str, Any], written_ids: list[int] | None) -> list[str]:
+    """Return what is wrong with `num_aux_hidden_states`, the width both engines build fc for.
+
+    Absent is fine (the engines count the ids, else 3); present, it must be the number of states the
+    engine captures: the ids written, else its default 3 layers. Any other count gives an fc the
+    captured states do not fit (the engine refuses the weights, or the run fails at the first step).
+    """
+    if "num_aux_hidden_states" not in layer:
+        return []
+    value = layer["num_aux_hidden_states"]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return [f"num_aux_hidden_states={value!r} is not a count of aux hidden states (a positive integer)"]
+    captured = len(written_ids) if written_ids else 3
+    if value != captured:
+        where = f"the {captured} layer ids written" if written_ids else "the engines' default 3 layers"
+        return [f"num_aux_hidden_states={value}, but the engines capture {where}: "
+                f"fc would be built for {value} states and get {captured}"]
+    return []
 
 
 def same_vocab(weights: dict[str, torch.Tensor]) -> bool:

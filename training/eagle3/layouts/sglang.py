@@ -54,6 +54,13 @@ class SGLangLayout(Layout):
                         "target_architecture": source.target_architecture},
         }
 
+    def layer_count_rules(self) -> dict[str, str]:
+        # SGLang 0.5.23 srt/models/llama_eagle3.py LlamaForCausalLMEagle3.__init__:
+        # `if config.num_hidden_layers != 1: raise ValueError("EAGLE3 currently only supports 1 layer")`
+        return {f"SGLang {SGLANG_VERSION}": "LlamaForCausalLMEagle3 refuses to load unless it is 1 "
+                                            "(\"EAGLE3 currently only supports 1 layer\")",
+                **super().layer_count_rules()}
+
     def written_layer_ids(self, config: dict[str, Any]) -> list[int] | None:
         ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         return [int(i) for i in ids] if isinstance(ids, list) and ids else None

@@ -54,7 +54,8 @@ class SpeculatorsLayout(Layout):
 
     def config_problems(self, config: dict[str, Any]) -> list[str]:
         kind = config.get("speculators_model_type")
-        return [] if kind == "eagle3" else [f"speculators_model_type={kind!r}, expected 'eagle3'"]
+        wrong_kind = [] if kind == "eagle3" else [f"speculators_model_type={kind!r}, expected 'eagle3'"]
+        return wrong_kind + super().config_problems(config)
 
     def verifier(self, config: dict[str, Any]) -> str | None:
         return str(((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
