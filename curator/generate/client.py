@@ -101,6 +101,19 @@ def split_reasoning(content: str | None, reasoning: str | None) -> tuple[str, st
     return text, None
 
 
+def _check_text_fields(message: Any, endpoint: str) -> None:
+    """Raise a permanent RequestError when the message's content or reasoning is neither text nor null.
+
+    A number or an object there is a well-formed answer of the wrong kind, not a torn one: asking
+    again gets the same, so the row is recorded as failed rather than retried.
+    """
+    for key in ("content", "reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise RequestError(f"{endpoint} answered a {key} that is not text but {type(value).__name__}",
+                               status=200, permanent=True, endpoint=endpoint)
+
+
 def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completion:
     """Return the Completion in an OpenAI chat.completion body; raise a transient
     RequestError for a body that is not one (a proxy's error page, a truncated answer)."""
@@ -108,6 +121,7 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
         choice = payload["choices"][0]
         message = choice["message"]
         usage = payload.get("usage") or {}
+        _check_text_fields(message, endpoint)
         content, reasoning = split_reasoning(
             message.get("content"), message.get("reasoning_content") or message.get("reasoning")
         )

@@ -184,7 +184,9 @@ class ErrorLog:
     """errors.jsonl: one record per id that failed for good, with the reason and status."""
 
     def __init__(self, out_dir: str | Path) -> None:
-        self.path = Path(out_dir) / ERRORS_FILE
+        # Appended to with open(.., "a"), which writes through a link: one planted there is refused
+        # (OutputPathError) before the file is read or written.
+        self.path = atomic.output_file(out_dir, ERRORS_FILE)
         self.records: dict[str, dict[str, Any]] = {}
         self.malformed_lines = 0
         self._fh: IO[str] | None = None

@@ -131,6 +131,14 @@ def write_json(path: str | Path, obj: Any, *, fsync: bool = True, **dumps: Any) 
     return write_text(path, json.dumps(obj, **dumps), fsync=fsync)
 
 
+def _refuse_link(path: Path, what: str) -> None:
+    """Raise OutputPathError when `path` itself is a link (dangling or not): writing there would land
+    wherever the link points, outside the output."""
+    if path.is_symlink():
+        raise OutputPathError(f"{path} is a link to {os.readlink(path)}; {what} is never "
+                              "followed through a link: remove it, or pick another --out")
+
+
 def output_folder(root: str | Path, name: str) -> Path:
     """Return `root/name`, created, after checking that it is a folder of its own inside `root`.
 
@@ -142,14 +150,25 @@ def output_folder(root: str | Path, name: str) -> Path:
     folder = root
     for part in Path(name).parts:  # each level checked before anything is created under it
         folder = folder / part
-        if folder.is_symlink():
-            raise OutputPathError(f"{folder} is a link to {os.readlink(folder)}; an output folder is never "
-                                  "followed through a link: remove it, or pick another --out")
+        _refuse_link(folder, "an output folder")
         folder.mkdir(exist_ok=True)
     if not folder.resolve().is_relative_to(root.resolve()):
         raise OutputPathError(f"{folder} leads to {folder.resolve()}, outside {root}; an output folder is never "
                               "followed through a link: remove the link, or pick another --out")
     return folder
+
+
+def output_file(root: str | Path, name: str) -> Path:
+    """Return `root/name` after checking that neither it nor a folder above it inside `root` is a link.
+
+    For a file that is appended to or written in place (a log, `metrics.jsonl`, `errors.jsonl`): an
+    atomic write renames over a link, but `open(path, "a")` writes through it. The folders above it
+    are created, as `output_folder` does; the file is not.
+    """
+    path = Path(root) / name
+    output_folder(root, str(Path(name).parent))
+    _refuse_link(path, "a file in an output folder")
+    return path
 
 
 def fsync_path(path: str | Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from training.errors import StoreError
-from training.io.atomic import TMP_MARK
+from training.io.atomic import TMP_MARK, output_folder
 from training.io.diskspace import named_disk_full
 from training.io.outlock import OutputLock
 from training.io.tempfiles import remove_matching
@@ -33,10 +33,19 @@ def lock_store(out_dir: str | Path) -> OutputLock:
     return OutputLock(out_dir, LOCK_FILE, "`curator hidden-states`")
 
 
+def store_folders(out_dir: str | Path) -> None:
+    """Create the store's `shards/` and `index-parts/`, refusing (OutputPathError) a link planted at
+    either: shards would be written, and a killed run's leftovers removed, wherever it points."""
+    for name in ("shards", "index-parts"):
+        output_folder(out_dir, name)
+
+
 def claim_store(out_dir: str | Path) -> OutputLock:
-    """Return the store's lock, held, after removing what a killed run left (OutputBusyError if another run writes it)."""
+    """Return the store's lock, held, after removing what a killed run left (OutputBusyError if another run
+    writes it; OutputPathError, nothing removed, if a link is planted at its shards/ or index-parts/)."""
     lock = lock_store(out_dir).acquire()
     try:
+        store_folders(out_dir)  # before the sweep below deletes unindexed shards in them
         remove_stale_files(out_dir)
     except BaseException:
         lock.release()
@@ -102,8 +111,7 @@ class StoreWriter:
         now = time.time()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1e6) % 1_000_000:06d}"
         self.writer_id = f"{stamp}-{writer_id or 'w'}-{uuid.uuid4().hex[:6]}"
-        (self.root / "shards").mkdir(parents=True, exist_ok=True)
-        (self.root / "index-parts").mkdir(parents=True, exist_ok=True)
+        store_folders(self.root)  # a planted link never receives the shards
         # Held while this session writes: merge_index leaves a live writer's part alone.
         self._part_lock: int | None = os.open(self.root / "index-parts" / f"{self.writer_id}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._part_lock, fcntl.LOCK_EX)

@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from training.eagle3 import kernels
-from training.io.atomic import write_text
+from training.io.atomic import output_file, output_folder, write_text
 from training.feed.batches import Prefetcher, States, epoch_batches, training_ids
 from training.train.checkpoint import (
     latest_checkpoint,
@@ -133,8 +133,21 @@ def data_fingerprint(store: States, train_ids: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+def _refuse_planted_links(run_dir: Path) -> None:
+    """Raise OutputPathError for a link at `checkpoints/` or `metrics.jsonl` in an existing run folder.
+
+    Checkpoints would be saved (and a killed run's half-saves deleted) wherever the folder link
+    points, and metrics.jsonl is appended through its link; the other files are renamed into place,
+    which replaces a link rather than writing through it.
+    """
+    if run_dir.is_dir():  # a new folder holds no link
+        output_folder(run_dir, "checkpoints")
+        output_file(run_dir, "metrics.jsonl")
+
+
 def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tuple[Path, Path | None]:
     run_dir = Path(cfg.out)
+    _refuse_planted_links(run_dir)  # before a checkpoint is looked for through one
     ckpt = latest_checkpoint(run_dir) if run_dir.exists() else None
     if ckpt is not None and not resume:
         raise TrainingError(f"{run_dir} already has checkpoints; pass --resume to continue it or choose another out")

@@ -77,6 +77,65 @@ def test_an_answer_nested_too_deep_is_one_failed_row(tmp_path: Path) -> None:
     assert "nested too deep" in errors(out)["deep"]["error"]
 
 
+@pytest.mark.parametrize("content", [5, {"text": "hi"}, ["hi"]])
+def test_an_answer_whose_content_is_not_text_is_a_permanent_row_error_never_retried(
+        tmp_path: Path, content: object) -> None:
+    """`content: 5` was once an AttributeError retried 8 times as a temporary error (sweep 2026-12-04 item 9)."""
+    mix = write_mix(tmp_path / "mix", two_turn_rows("a", "odd"))
+    out = tmp_path / "out"
+    asked: list[str] = []
+
+    def script(request: dict) -> Reply:
+        text = last_user(request)
+        if not text.startswith("odd"):
+            return Reply(chat_answer(f"re: {text}"))
+        asked.append(text)
+        body = json.loads(chat_answer("x"))
+        body["choices"][0]["message"]["content"] = content
+        return Reply(json.dumps(body).encode())
+
+    with HostileServer(script) as server:
+        stats = generate(config(mix, out, server.url, max_attempts=4))
+    assert asked == ["odd first"]  # asked once: the same request gets the same answer
+    assert stored_ids(out) == {"a"} and stats.errors_total == 1
+    odd = errors(out)["odd"]
+    assert odd["permanent"] is True and "content that is not text" in odd["error"]
+
+
+def test_an_empty_content_is_a_valid_answer(tmp_path: Path) -> None:
+    mix = write_mix(tmp_path / "mix", two_turn_rows("a", "empty"))
+    out = tmp_path / "out"
+
+    def script(request: dict) -> Reply:
+        text = last_user(request)
+        return Reply(chat_answer("" if text.startswith("empty") else f"re: {text}"))
+
+    with HostileServer(script) as server:
+        stats = generate(config(mix, out, server.url))
+    assert stored_ids(out) == {"a", "empty"} and stats.errors_total == 0
+
+
+def test_a_link_planted_at_errors_jsonl_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """errors.jsonl was once appended through a planted link, outside --out (sweep 2026-12-04 item 4)."""
+    mix = write_mix(tmp_path / "mix", two_turn_rows("a", "bad"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "errors.jsonl").symlink_to(outside / "err.jsonl")
+
+    def script(request: dict) -> Reply:  # the start-up check and `a` are answered; `bad` fails for good
+        text = last_user(request)
+        return Reply(b"no", status=400) if text.startswith("bad") else Reply(chat_answer(f"re: {text}"))
+
+    with HostileServer(script) as server:
+        code = main(["generate", "--mix", str(mix), "--out", str(out), "--model", "target",
+                     "--endpoint", server.url, "--catalog", str(tmp_path / "c.duckdb")])
+    assert code == 1
+    assert list(outside.iterdir()) == []
+    assert (out / "errors.jsonl").is_symlink() and not list(out.glob("shard-*.jsonl"))
+
+
 def test_request_timeout_bounds_a_server_that_sends_one_byte_at_a_time(tmp_path: Path) -> None:
     mix = write_mix(tmp_path / "mix", [{"id": "slow", "turns": "last", "messages": [{"role": "user", "content": "hi"}]}])
     out = tmp_path / "out"

@@ -250,6 +250,23 @@ def test_resume_after_interruption_loses_and_duplicates_nothing(tmp_path: Path, 
         assert torch.allclose(store[sid].aux.float(), ref[sid].aux.float(), atol=1e-2)
 
 
+def test_hidden_states_refuses_a_shards_link_planted_in_out(
+    tmp_path: Path, tiny_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hidden-states --out st` with st/shards a link once wrote its shards outside (sweep 2026-12-04 item 3)."""
+    from curator.cli import main
+
+    gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(3)])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "shards").symlink_to(outside, target_is_directory=True)
+    assert main(["hidden-states", "--model", str(tiny_target), "--data", str(gen), "--out", str(store)]) == 1
+    assert "shards is a link" in capsys.readouterr().err
+    assert list(outside.iterdir()) == [] and not (store / "meta.json").exists()
+
+
 def test_rerun_with_another_world_size_completes_the_store(tmp_path: Path, target: tuple[Any, Any]) -> None:
     model, tok = target
     recs = [conversation(i) for i in range(16)]

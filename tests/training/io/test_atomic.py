@@ -101,6 +101,22 @@ def test_an_output_folder_is_never_followed_through_a_link(tmp_path: Path) -> No
     assert atomic.output_folder(out, "run-1").is_dir()
 
 
+def test_a_file_appended_to_is_never_written_through_a_link(tmp_path: Path) -> None:
+    """errors.jsonl and metrics.jsonl, opened with "a", once wrote through a planted link (sweep 2026-12-04 items 3, 4)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "errors.jsonl").symlink_to(elsewhere / "e.jsonl")  # dangling: "a" would create it there
+    with pytest.raises(atomic.OutputPathError, match="errors.jsonl is a link"):
+        atomic.output_file(out, "errors.jsonl")
+    (out / "deep").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(atomic.OutputPathError, match="deep is a link"):
+        atomic.output_file(out, "deep/log.jsonl")
+    assert list(elsewhere.iterdir()) == []
+    assert atomic.output_file(out, "sub/metrics.jsonl") == out / "sub" / "metrics.jsonl" and (out / "sub").is_dir()
+
+
 def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path: Path) -> None:
     """Killed profiles once left `.p.json.tmp-PID-hex` files behind for good (issue 38 item 12)."""
     import subprocess

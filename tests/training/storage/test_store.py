@@ -260,3 +260,25 @@ def test_fp8_quantisation_of_zero_tokens() -> None:
     q, scale = quantize_fp8(torch.zeros(0, 3 * H), 3)
     assert q.shape == (0, 3 * H) and scale.shape == (0, 3)
     assert dequantize_fp8(q, scale).shape == (0, 3 * H)
+
+
+@pytest.mark.parametrize("folder", ["shards", "index-parts"])
+def test_a_store_folder_planted_as_a_link_is_refused_and_nothing_lands_outside(tmp_path: Path, folder: str) -> None:
+    """`hidden-states --out st` with st/shards a link once wrote its shards outside (sweep 2026-12-04 item 3)."""
+    from training.io.atomic import OutputPathError
+    from training.storage.writer import claim_store
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    stray = outside / "theirs.safetensors"  # no index of the store names it: the sweep of leftovers would delete it
+    stray.write_bytes(b"someone's file")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / folder).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OutputPathError, match=f"{folder} is a link"):
+        StoreWriter(store, meta())
+    (store / "meta.json").write_text(json.dumps(meta().to_json()))  # a store that exists: claiming it sweeps leftovers
+    with pytest.raises(OutputPathError, match=f"{folder} is a link"):
+        claim_store(store)
+    assert sorted(p.name for p in outside.iterdir()) == ["theirs.safetensors"]
+    assert stray.read_bytes() == b"someone's file"

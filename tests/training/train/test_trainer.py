@@ -145,6 +145,42 @@ def test_resume_with_a_changed_config_is_refused(store_dir: Path, sharp_target: 
         train(cfg.replace(lr=1.0), resume=True)
 
 
+def test_a_checkpoints_link_planted_in_out_is_refused_and_nothing_lands_outside(
+    store_dir: Path, sharp_target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train out=run` with run/checkpoints a link once saved step-* and latest.json outside (sweep 2026-12-04 item 3)."""
+    from curator.cli import main
+
+    outside = tmp_path / "outside"
+    (outside / ".step-0000001.abc123.tmp").mkdir(parents=True)  # theirs: the sweep of half-saves would delete it
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(outside, target_is_directory=True)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"data": str(store_dir), "target": str(sharp_target), "ttt_steps": 2,
+                                  "global_batch_size": 4, "micro_batch_size": 4, "draft_vocab_size": 128}))
+    assert main(["train", "--config", str(config), f"out={run}", "max_steps=1"]) == 1
+    assert "checkpoints is a link" in capsys.readouterr().err
+    assert [p.name for p in outside.iterdir()] == [".step-0000001.abc123.tmp"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]  # nothing written before the refusal
+
+
+def test_a_metrics_link_planted_before_a_resume_is_refused_and_never_appended_through(
+    store_dir: Path, sharp_target: Path, tmp_path: Path
+) -> None:
+    from training.io.atomic import OutputPathError
+
+    cfg = tiny_config(store_dir, sharp_target, tmp_path / "run", max_steps=4, log_every=1, save_every=2)
+    train(cfg, stop_after_steps=2)
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("theirs\n")
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    (tmp_path / "run" / "metrics.jsonl").symlink_to(outside)
+    with pytest.raises(OutputPathError, match="metrics.jsonl is a link"):
+        train(cfg, resume=True)
+    assert outside.read_text() == "theirs\n"
+
+
 def test_store_from_another_target_is_refused(store_dir: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     build_target(toy_corpus(60, seed=3), other, vocab_size=300, seed=1, hidden_size=32, num_layers=2)
