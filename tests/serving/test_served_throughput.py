@@ -24,6 +24,12 @@ each, the order alternating so that neither side always runs second, and three f
 - output tokens/s, the issue's figure, which the machine moves most: a sign test over the pairs fails
   when the pairs show ours below GOAL x vLLM's at 95% confidence (12 or more of the 16 below). Its
   median is printed with the rest.
+
+A machine starved of CPU (the VM's host busy: a CI run on 2026-12-04 measured vLLM's client at
+595-1,228 tok/s where a quiet run a few minutes later gave 1,720-2,437) starves the client's process
+too, and then even the batch figure drops (median 0.915 in that run, 1.031 in the quiet one, same
+code). So a round of PAIRS pairs that fails is measured once more, and the test fails only when both
+rounds fail: a client that is really slower fails both (the 20 ms-a-request mutant gave 0.882).
 """
 
 from __future__ import annotations
@@ -187,50 +193,73 @@ def too_many_below(ratios: list[float], goal: float) -> bool:
     return sum(math.comb(n, k) for k in range(below, n + 1)) / 2**n < SIGNIFICANCE
 
 
+def measure_round(server: VllmServer, clients: list[Any], tmp_path: Path, name: str,
+                  lengths: list[int]) -> dict[str, Any]:
+    """Return the figures of PAIRS adjacent pairs (order alternating) of our client and vLLM's."""
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    for k in range(PAIRS):
+        for side in ("theirs", "ours") if k % 2 == 0 else ("ours", "theirs"):
+            client = clients[1] if side == "theirs" else clients[0]
+            out = tmp_path / (f"{name}-vllm-{k}.json" if side == "theirs" else f"{name}-gen-{k}")
+            tokens, steps, cpu = *engine_counts(server), cpu_seconds(client.proc)
+            client.run(out)
+            tokens_after, steps_after = engine_counts(server)
+            run = vllm_result(out) if side == "theirs" else curator_stats(out)
+            run["cpu_s"] = cpu_seconds(client.proc) - cpu
+            run["tokens_per_step"] = (tokens_after - tokens) / (steps_after - steps)
+            (theirs if side == "theirs" else ours).append(run)
+    assert all(t["total_output_tokens"] == sum(lengths) for t in theirs), theirs
+    ratios = [a["output_tokens_per_s"] / b["output_throughput"] for a, b in zip(ours, theirs, strict=True)]
+    batch = [a["tokens_per_step"] / b["tokens_per_step"] for a, b in zip(ours, theirs, strict=True)]
+    cpu = [a["cpu_s"] / b["cpu_s"] for a, b in zip(ours, theirs, strict=True)]
+    return {"curator_tok_s": [round(a["output_tokens_per_s"], 1) for a in ours],
+            "vllm_client_tok_s": [round(b["output_throughput"], 1) for b in theirs],
+            "pair_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3),
+            "curator_tokens_per_step": [round(a["tokens_per_step"], 2) for a in ours],
+            "vllm_client_tokens_per_step": [round(b["tokens_per_step"], 2) for b in theirs],
+            "median_batch_ratio": round(statistics.median(batch), 3),
+            "curator_cpu_s": [round(a["cpu_s"], 2) for a in ours],
+            "vllm_client_cpu_s": [round(b["cpu_s"], 2) for b in theirs],
+            "median_cpu_ratio": round(statistics.median(cpu), 3),
+            "output_tokens": sum(lengths), "concurrency": CONCURRENCY,
+            "_ratios": ratios, "_batch": batch, "_cpu": cpu}
+
+
+def round_failure(figures: dict[str, Any]) -> str | None:
+    """Return why a round fails the three checks (None: it passes)."""
+    if statistics.median(figures["_batch"]) < GOAL:
+        return "ours keeps the engine's batch emptier than vLLM's client"
+    if statistics.median(figures["_cpu"]) > 1.0:
+        return "ours uses more CPU than vLLM's client"
+    if too_many_below(figures["_ratios"], GOAL):
+        return f"ours is below {GOAL}x vLLM's client's tokens/s"
+    return None
+
+
 def test_generate_keeps_up_with_vllms_own_benchmark_client(target_server: VllmServer, demo: Path,
                                                           tmp_path: Path) -> None:
     mix = single_turn_mix(tmp_path / "src")
     clients = [curator_client(target_server, demo, mix, tmp_path)]
+    failures: list[str] = []
     try:
-        clients[0].run(tmp_path / "gen-0")  # the answer lengths, and a warm-up
+        clients[0].run(tmp_path / "gen-warm-up")  # the answer lengths, and a warm-up
         # vLLM's custom dataset: the same user message, the answer length ours got (one answer per row)
-        first = records(tmp_path / "gen-0")
+        first = records(tmp_path / "gen-warm-up")
         lengths = [len(r["generations"][0]["completion_ids"]) for r in first]
         dataset = tmp_path / "vllm-dataset.jsonl"
         dataset.write_text("".join(json.dumps({"prompt": r["messages"][0]["content"], "output_tokens": n}) + "\n"
                                    for r, n in zip(first, lengths, strict=True)))
         clients.append(vllm_client(target_server, demo, dataset, tmp_path))
-        ours: list[dict[str, Any]] = []
-        theirs: list[dict[str, Any]] = []
-        for k in range(PAIRS):
-            for side in ("theirs", "ours") if k % 2 == 0 else ("ours", "theirs"):
-                client = clients[1] if side == "theirs" else clients[0]
-                out = tmp_path / (f"vllm-{k}.json" if side == "theirs" else f"gen-{k + 1}")
-                tokens, steps, cpu = *engine_counts(target_server), cpu_seconds(client.proc)
-                client.run(out)
-                tokens_after, steps_after = engine_counts(target_server)
-                run = vllm_result(out) if side == "theirs" else curator_stats(out)
-                run["cpu_s"] = cpu_seconds(client.proc) - cpu
-                run["tokens_per_step"] = (tokens_after - tokens) / (steps_after - steps)
-                (theirs if side == "theirs" else ours).append(run)
+        for name in ("round-1", "round-2"):
+            figures = measure_round(target_server, clients, tmp_path, name, lengths)
+            shown = {k: v for k, v in figures.items() if not k.startswith("_")}
+            print(name, json.dumps(shown))
+            failure = round_failure(figures)
+            if failure is None:
+                return
+            failures.append(f"{name}: {failure}: {shown}")
     finally:
         for client in clients:
             client.close()
-    assert all(t["total_output_tokens"] == sum(lengths) for t in theirs), theirs
-    ratios = [a["output_tokens_per_s"] / b["output_throughput"] for a, b in zip(ours, theirs, strict=True)]
-    batch = [a["tokens_per_step"] / b["tokens_per_step"] for a, b in zip(ours, theirs, strict=True)]
-    cpu = [a["cpu_s"] / b["cpu_s"] for a, b in zip(ours, theirs, strict=True)]
-    figures = {"curator_tok_s": [round(a["output_tokens_per_s"], 1) for a in ours],
-               "vllm_client_tok_s": [round(b["output_throughput"], 1) for b in theirs],
-               "pair_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3),
-               "curator_tokens_per_step": [round(a["tokens_per_step"], 2) for a in ours],
-               "vllm_client_tokens_per_step": [round(b["tokens_per_step"], 2) for b in theirs],
-               "median_batch_ratio": round(statistics.median(batch), 3),
-               "curator_cpu_s": [round(a["cpu_s"], 2) for a in ours],
-               "vllm_client_cpu_s": [round(b["cpu_s"], 2) for b in theirs],
-               "median_cpu_ratio": round(statistics.median(cpu), 3),
-               "output_tokens": sum(lengths), "concurrency": CONCURRENCY}
-    print(json.dumps(figures))
-    assert statistics.median(batch) >= GOAL, f"ours keeps the engine's batch emptier than vLLM's client: {figures}"
-    assert statistics.median(cpu) <= 1.0, f"ours uses more CPU than vLLM's client: {figures}"
-    assert not too_many_below(ratios, GOAL), f"ours is below {GOAL}x vLLM's client's tokens/s: {figures}"
+    raise AssertionError("both rounds failed:\n" + "\n".join(failures))
