@@ -42,10 +42,10 @@ DEBUG_ENV = "CURATOR_DEBUG"
 # imports only its command's module, when click resolves the name: `curator sql` must not pay
 # seconds for torch and transformers, which the model-side stages import.
 COMMANDS = {
-    "sql": "catalog", "catalog": "catalog", "scout": "scout", "hub": "scout", "build-mix": "mix",
-    "generate": "generate", "plan": "hidden_states", "hidden-states": "hidden_states", "train": "train",
-    "export": "train", "eval": "evaluate", "doctor": "doctor", "demo": "demo",
-    "bench-serve": "bench_serve", "profile": "profile", "forecast": "forecast",
+    "tap": "tap", "profile": "profile", "scout": "scout", "hub": "scout", "sql": "catalog", "catalog": "catalog",
+    "build-mix": "mix", "target": "target", "generate": "generate", "plan": "hidden_states",
+    "hidden-states": "hidden_states", "train": "train", "export": "train", "eval": "evaluate", "doctor": "doctor",
+    "forecast": "forecast", "bench-serve": "bench_serve", "demo": "demo",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
@@ -53,11 +53,14 @@ COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 # checks each line against the command's own docstring). A command missing here is imported to
 # ask it.
 COMMAND_HELP = {
-    "sql": "Run SQL against the catalog (or over parquet files) and print every result.",
-    "catalog": "Review candidate datasets: list, show, approve, reject.",
+    "tap": "Serve as a proxy in front of the engine and record a scrubbed sample of its requests and the target's own answers.",
+    "profile": "Profile a traffic sample: categories, lengths, turns, tool use, languages, matching features.",
     "scout": "Run research agents on the Hub, record their finds in the catalog and propose a recipe.",
     "hub": "Hub access without the agents: offline snapshots.",
+    "sql": "Run SQL against the catalog (or over parquet files) and print every result.",
+    "catalog": "Review candidate datasets: list, show, approve, reject.",
     "build-mix": "Build a prompt mix: read, normalise, filter, dedup and sample each source to its quota.",
+    "target": "Make a target model folder: a GGUF file (or the registry's SmolLM2) turned into a Hugging Face folder, cached.",
     "generate": "Regenerate every answer of a mix through the target model; resumes by sample id.",
     "plan": "Show the disk a hidden-state capture takes: tokens, bytes/token, totals per max_len, free disk.",
     "hidden-states": "Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store.",
@@ -65,9 +68,8 @@ COMMAND_HELP = {
     "export": "Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering.",
     "eval": "Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled).",
     "doctor": "Check a draft export, its fit with the target and data, and a server launch command.",
-    "bench-serve": "Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup.",
     "forecast": "Forecast the samples per category that reach --goal acceptance, with a band and their cost.",
-    "profile": "Profile a traffic sample: categories, lengths, turns, tool use, languages, matching features.",
+    "bench-serve": "Measure the draft inside the serving engine: tokens/s, time per output token, acceptance, speedup.",
     "demo": "Run scout -> review -> profile -> build-mix -> target -> generate -> plan -> hidden-states -> train -> export -> doctor -> eval.",
 }
 
