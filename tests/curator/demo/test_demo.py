@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.demo_figures import RECORD, run_figures, shortfalls
-from bench.lock import under_lock
+from bench.demo_figures import RECORD, far_from_record, run_figures, shortfalls
 from curator.catalog import Catalog
 from curator.cli import main
 from curator.demo.pipeline import QUICK, STATE_FILE, Demo, DemoSettings
@@ -65,13 +64,13 @@ def test_demo_runs_every_stage_and_leaves_its_artefacts(tmp_path: Path, capsys: 
     # the offline simulation tracks real decoding.
     figures = run_figures(json.loads((work / "report.json").read_text()))
     assert not shortfalls(figures), shortfalls(figures)
-    # The demo is seeded and runs on one thread: under the lock it learns what the recorded quick
-    # run learnt, or the code changed what it learns and the README's figures are stale too.
-    if under_lock():
-        recorded = json.loads(RECORD.read_text())["quick"]
-        assert figures == {k: v for k, v in recorded.items() if k in figures}, (
-            "the demo's figures changed: run the default and quick demos again and update "
-            "bench/results/demo-figures.json and the README (bench/demo_figures.py says how)")
+    # The demo is seeded and runs on one thread, but torch's and oneDNN's kernels pick their vector path
+    # from the CPU, so two x86-64 CPUs under the same lock give other last digits (an AVX2 EPYC and an
+    # AVX-512/AMX Xeon: 1.60 and 1.62). What must hold on any machine: each acceptance figure lies in a
+    # band around the recorded quick run, wide enough for a CPU's rounding and narrow enough that a
+    # change in what the demo learns (a broken draft: ~1.0; a stage dropped: far off) fails.
+    recorded = json.loads(RECORD.read_text())["quick"]
+    assert not far_from_record(figures, recorded), far_from_record(figures, recorded)
     html = (work / "report.html").read_text()
     assert html.count("<img") == 3 and "acceptance" in html.lower()
 
