@@ -6,9 +6,10 @@ Deterministic rules, cheap enough for every row of a large sample:
    calls as markup in its text (Hermes `<tool_call>`, DeepSWE `<function=...>`); these are
    facts of the request, so the decision is sure.
 2. otherwise the user text is scored for code (fences, tracebacks, lines of source, "write a
-   function" requests, programming words) and reasoning (LaTeX, math symbols, equations,
+   function" requests, signatures with docstrings, programming words) and reasoning (LaTeX, math symbols, equations,
    "prove"/"step by step", math words), with chat words (poems, e-mails, translation, advice)
-   as the counterweight. No signal at all is chat. A category wins surely when it scores at
+   as the counterweight. A request verb's first object decides its category ("write a function"
+   is code, "write a poem" chat). No signal at all is chat. A category wins surely when it scores at
    least STRONG and at least twice the runner-up; otherwise the decision is unsure, and
    `curator profile --llm` may ask a model about it.
 
@@ -104,10 +105,15 @@ SIGNALS: tuple[_Pattern | _Words | _Request, ...] = (
         r"[a-z_][a-z0-9_]{2,}(?:\.\w+|\[\w+\])*\s*(?:=|\+=|-=)\s*\S|"
         r"\$ [a-z]+|[\w.]*[a-z_]\w*\(.*\)\s*;?\s*$|[\w\].)]+\s*(?:=|\+=|-=|:=)\s*[\w\[{(\"'].*;\s*$|[}]\s*$|.*\{\s*$"
         r"|</?\w+[^>]*>\s*$)", _M)),
+    # a function's signature followed by its docstring: a completion request (HumanEval-style) whose
+    # docstring prose is full of math words ("sum", "integer", "prime") that must not outvote it
+    _Pattern("stub", "code", 3.0, 1, re.compile(
+        r"^\s*(?:async )?def \w+\(.*\)\s*(?:->[^:\n]*)?:\s*\n\s*(?:[rbu]?\"\"\"|[rbu]?\'\'\')", _M), ("def ",)),
+    _Pattern("doctest", "code", 1.0, 2, re.compile(r"^\s*>>> \S", _M), (">>> ",)),
     # useEffect, getElementById, snake_case_names, foo(): identifiers, which prose does not have
     _Pattern("identifier", "code", 1.0, 2, re.compile(
         r"(?<![A-Za-z0-9_])(?:[a-z]{2,}[A-Z][A-Za-z0-9]*|[a-z]+_[a-z0-9_]+|[A-Za-z_]\w*\(\))(?![A-Za-z0-9_])")),
-    _Request("code-request", "code", 2.5, 2,
+    _Request("code-request", "code", 3.0, 2,
              frozenset(_split("write implement create build fix debug refactor optimize optimise review convert port "
                               "translate")),
              frozenset(_split("function functions program script class method code snippet query regex endpoint api "
@@ -193,9 +199,14 @@ def _phrase_index() -> tuple[dict[str, list[tuple[tuple[str, ...], int]]], list[
 
 _BY_FIRST, _SUBSTRINGS = _phrase_index()
 _REQUESTS = {i: s for i, s in enumerate(SIGNALS) if isinstance(s, _Request)}
-_VERBS = {verb: i for i, s in _REQUESTS.items() for verb in s.verbs}
-# one look-up per word: the phrases it starts and the request signal it is a verb of
-_ENTRIES = {w: (_BY_FIRST.get(w, []), _VERBS.get(w)) for w in {*_BY_FIRST, *_VERBS}}
+# A verb can belong to several requests ("write a function" is code, "write a poem" chat): its object decides.
+_VERBS: dict[str, tuple[int, ...]] = {}
+for _i, _s in _REQUESTS.items():
+    for _verb in _s.verbs:
+        _VERBS[_verb] = (*_VERBS.get(_verb, ()), _i)
+_WINDOW = max(s.window for s in _REQUESTS.values())
+# one look-up per word: the phrases it starts and the request signals it is a verb of
+_ENTRIES = {w: (_BY_FIRST.get(w, []), _VERBS.get(w, ())) for w in {*_BY_FIRST, *_VERBS}}
 _PATTERNS = [(i, s) for i, s in enumerate(SIGNALS) if isinstance(s, _Pattern)]
 
 # Tool calls written into the text (requests from clients that render tools themselves).
@@ -251,10 +262,14 @@ def _hits(text: str) -> list[int]:
         for rest, i in phrases:
             if not rest or tuple(tokens[j + 1 : j + 1 + len(rest)]) == rest:
                 hits[i] += 1
-        if verb_of is not None:
-            request = _REQUESTS[verb_of]
-            if any(t in request.nouns for t in tokens[j + 1 : j + 1 + request.window]):
-                hits[verb_of] += 1
+        if verb_of:
+            # the verb's first object in the window names the request: "write a function that parses a
+            # CSV file" is code however many chat nouns follow, "write a poem about recursion" is chat
+            for k, t in enumerate(tokens[j + 1 : j + 1 + _WINDOW]):
+                owner = next((i for i in verb_of if k < _REQUESTS[i].window and t in _REQUESTS[i].nouns), None)
+                if owner is not None:
+                    hits[owner] += 1
+                    break
     for phrase, i in _SUBSTRINGS:
         hits[i] += text.count(phrase)
     return hits
