@@ -35,11 +35,21 @@ stdout = Console(soft_wrap=True)
 
 
 class RateColumn(ProgressColumn):
-    """Items per second over the task's recent window."""
+    """Items per second over the task's recent window; nothing until there is a rate (no "-/s")."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
-        return Text("-/s" if speed is None else f"{speed:,.1f}/s", style="cyan")
+        return Text("" if speed is None else f"{speed:,.1f}/s", style="cyan")
+
+
+class EtaColumn(TimeRemainingColumn):
+    """"ETA" and the time left; nothing at all where the total is unknown (a log read to its end, a
+    mix built until its quotas fill), where "ETA" would stand beside an empty cell."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        return Text.assemble("ETA ", super().render(task))
 
 
 def progress(*extra_columns: ProgressColumn) -> Progress:
@@ -52,8 +62,7 @@ def progress(*extra_columns: ProgressColumn) -> Progress:
     return _ShownWithItsFirstTask(
         TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=28)),
         MofNCompleteColumn(table_column=fixed),
-        TextColumn("ETA", table_column=fixed),
-        TimeRemainingColumn(table_column=fixed),
+        EtaColumn(table_column=fixed),
         RateColumn(table_column=fixed),
         TimeElapsedColumn(table_column=fixed),
         BarColumn(bar_width=12, table_column=fixed),

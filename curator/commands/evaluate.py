@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from curator.errors import ConfigError
 from curator.evaluation.measure import measure
-from curator.ui import console, rows_table, summary_table
+from curator.ui import console, quiet_library_progress, rows_table, summary_table
 from training.io.atomic import write_json
 
 
@@ -72,6 +72,7 @@ def eval_command(
     if not chosen:
         raise ConfigError(f"no usable prompts in {prompts} ({malformed} malformed)")
     drafter = load_draft(draft, model)  # before the target: a broken export is refused in a second, not minutes
+    quiet_library_progress()  # transformers' "Loading weights" bar would cut into the eval's own lines
     target, tokenizer = load_target(model, device, dtypes[dtype])
     drafter = drafter.to(device=device, dtype=dtypes[dtype])
 
@@ -139,12 +140,22 @@ def render_eval(report: Any, wall_s: float) -> None:
     position_rows = []
     for r in finite(overall.position_rates()):
         k = r["position"] - 1
-        position_rows.append([r["position"], r["rate"], r["conditional"],
-                              sim_rates[k] if k < len(sim_rates) else None, prefix[k] if k < len(prefix) else None])
-    console.print(rows_table(["draft position", "measured (1..k)", "measured | 1..k-1",
-                              "simulated (1..k)", "teacher-forced (1..k)"], position_rows, title="acceptance per position"))
-    console.print(rows_table(["category", "forwards", "measured", "simulated", "simulated forwards"],
-                             category_rows(report), title="acceptance length per category"))
+        row = [r["position"], r["rate"], r["conditional"]]
+        if offline:  # without --data there is nothing simulated: no empty columns
+            row += [sim_rates[k] if k < len(sim_rates) else None, prefix[k] if k < len(prefix) else None]
+        position_rows.append(row)
+    # short headers, read whole at 80 columns; the line under the table says what they mean
+    headers = ["position k", "measured", "given 1..k-1"] + (["simulated", "teacher-forced"] if offline else [])
+    console.print(rows_table(headers, position_rows, title="acceptance per draft position"))
+    console.print("[dim]measured" + (", simulated, teacher-forced" if offline else "")
+                  + ": share of rounds accepting tokens 1..k; given 1..k-1: token k once 1..k-1 were accepted[/]")
+    per_category = category_rows(report)
+    columns = ["category", "forwards", "measured"]
+    if offline:
+        columns += ["simulated", "sim. forwards"]
+    else:
+        per_category = [row[:3] for row in per_category]
+    console.print(rows_table(columns, per_category, title="acceptance length per category"))
 
 
 def render_traffic(report: Any, source: str) -> None:
@@ -160,8 +171,10 @@ def render_traffic(report: Any, source: str) -> None:
                      s.get("weight") if s else None, finite(s.get("acceptance_length")) if s else None])
     rows.append(["weighted", None, 1.0, sum(r[3] for r in rows), finite(measured["acceptance_length"]),
                  1.0 if simulated else None, finite(simulated.get("acceptance_length")) if simulated else None])
-    console.print(rows_table(["traffic", "share", "weight", "forwards", "measured", "sim weight", "simulated"], rows,
-                             title=f"acceptance length on the traffic (profile {source})"))
+    columns = ["traffic", "share", "weight", "forwards", "measured", "sim weight", "simulated"]
+    if not simulated:  # no --data: no empty simulated columns
+        columns, rows = columns[:5], [row[:5] for row in rows]
+    console.print(rows_table(columns, rows, title=f"acceptance length on the traffic (profile {source})"))
     for label, part in (("measured", measured), ("simulated", simulated)):
         if part.get("missing"):
             what = "prompts" if label == "measured" else "held-out samples"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from rich.console import Console
 from rich.progress import Progress, TextColumn
@@ -132,3 +133,50 @@ def test_catalog_show_at_80_columns_reads_its_rationale_left_aligned(tmp_path: P
     start = next(i for i, line in enumerate(lines) if "rationale" in line)
     follow = [line.split("│")[2] for line in lines[start + 1:start + 3] if line.count("│") == 3]
     assert follow and all(c.startswith(" ") and c[1] != " " for c in follow if c.strip())
+
+
+def test_a_bar_of_unknown_length_shows_no_eta_or_rate_placeholders() -> None:
+    # profile reads a log to its end and build-mix fills quotas: neither knows its total (issue 46 item 8)
+    bar = progress()
+    bar.add_task("profiling", total=None, completed=1200)
+    bar.stop()
+    shown = at_80(*bar.get_renderables())
+    assert "1200/?" in shown and "ETA" not in shown and "-/s" not in shown
+    known = progress()
+    known.add_task("train", total=10, completed=4)
+    known.stop()
+    assert "ETA" in at_80(*known.get_renderables())
+
+
+def _eval_report(offline: dict | None) -> object:
+    from types import SimpleNamespace
+
+    from training.eval.simulate import AcceptanceStats
+
+    overall, chat = AcceptanceStats(3), AcceptanceStats(3)
+    for accepted in ([3, 1, 0, 2, 3]):
+        overall.add([accepted])
+        chat.add([accepted])
+    return SimpleNamespace(overall=overall, categories={"chat": chat}, prompts=[1, 2], skipped={}, new_tokens=40,
+                           steps=3, topk=1, offline=offline, sampling=None, ties=0)
+
+
+def test_eval_without_data_shows_no_empty_simulated_columns_and_no_cut_header_at_80(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from curator import ui
+    from curator.commands.evaluate import render_eval
+
+    out = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=out, width=80, color_system=None, force_terminal=False))
+    monkeypatch.setattr("curator.commands.evaluate.console", ui.console)
+    render_eval(_eval_report(None), 1.0)
+    shown = out.getvalue()
+    assert "simulated" not in shown and "teacher-forc" not in shown and "…" not in shown
+    offline = {"samples": 4, "split": "held out 4", "simulated": {"acceptance_length": 1.5, "overall": {
+        "per_position": [{"rate": 0.7}, {"rate": 0.5}, {"rate": 0.3}]}, "categories": {}},
+        "teacher_forced": {"accept_length": 1.9, "cond_acc": [0.8, 0.7, 0.6]}}
+    out.truncate(0)
+    out.seek(0)
+    render_eval(_eval_report(offline), 1.0)
+    shown = out.getvalue()
+    assert "teacher-forced" in shown and "…" not in shown and all(len(line) <= 80 for line in shown.splitlines())
