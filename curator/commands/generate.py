@@ -46,6 +46,7 @@ def summary_rows(stats: GenerationStats) -> list[tuple[str, object]]:
         ("  of which malformed rows", stats.malformed),
         ("earlier errors skipped (see --retry-errors)", stats.skipped_errors),
         ("answers cut at --max-tokens", stats.finish_length),
+        ("rows whose tools the template drops", stats.tools_dropped),
         ("requests / retries", f"{stats.requests:,} / {stats.retries:,}"),
         ("output tokens", stats.completion_tokens),
         ("wall time (s)", round(stats.wall_s, 1)),
@@ -96,6 +97,11 @@ def generate_command(
     engine: str = typer.Option("chat", "--engine", help="token-exact generation: sglang (/generate with input_ids) "
                                "or vllm (completions with token ids); chat: chat completions, text only."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="token-exact: the target's tokenizer (default: --model)."),
+    refuse_dropped_tools: bool = typer.Option(
+        False, "--refuse-dropped-tools",
+        help="A row offering tools the target's chat template does not render is a row error (default: generated "
+             "and marked tools_dropped).",
+    ),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
 ) -> None:
     """Regenerate every answer of a mix through the target model; resumes by sample id."""
@@ -107,7 +113,7 @@ def generate_command(
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_body=_parse_extra_body(extra_body),
             retry_errors=retry_errors, limit=limit, batch_size=batch_size, device=device, seed=seed,
             request_timeout_s=request_timeout, max_answer_bytes=max_answer_bytes, max_attempts=max_attempts,
-            engine=engine, tokenizer=tokenizer,
+            engine=engine, tokenizer=tokenizer, refuse_dropped_tools=refuse_dropped_tools,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -120,6 +126,10 @@ def generate_command(
         recorded = generate_and_record(config, catalog, on_progress=LiveProgress(bar))
     stats = recorded.result
     console.print(summary_table("generation", summary_rows(stats)))
+    if stats.tools_dropped:  # loud: a user after tool data gets prompts without a tool definition
+        what = "refused (row errors)" if config.refuse_dropped_tools else "generated without them, marked tools_dropped"
+        console.print(f"[yellow]warning:[/] {stats.tools_dropped:,} rows offer tools that the target's chat template "
+                      f"does not render: {what}; the target never saw a tool definition for them")
     if recorded.warning:  # the run is complete on disk whatever the catalog says: a warning, not an error
         console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
     if stats.status == "failed":  # nothing to train on: a script must not carry on as if it worked

@@ -24,6 +24,7 @@ from curator.engines.sampling import SamplingParams
 from curator.errors import EndpointError
 from curator.generate.scheduler import Scheduler
 from curator.http import RetryPolicy
+from training.records.gen_record import tool_call_problem
 
 DEFAULT_TIMEOUT_S = 1800.0  # a whole 4K-token answer of a large model under load
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -125,11 +126,22 @@ def parse_completion(payload: Any, endpoint: str, latency_s: float) -> Completio
         content, reasoning = split_reasoning(
             message.get("content"), message.get("reasoning_content") or message.get("reasoning")
         )
-        calls = [
+        calls: list[dict[str, Any]] = [
             {"id": str(c.get("id") or f"call_{i}"), "type": "function",
              "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
             for i, c in enumerate(message.get("tool_calls") or [])
         ]
+        for call in calls:
+            fn = call["function"]
+            if isinstance(fn["arguments"], dict):  # a server that sent the object itself
+                fn["arguments"] = json.dumps(fn["arguments"], ensure_ascii=False)
+            problem = tool_call_problem(call)
+            if problem is not None:
+                # Stored, the answer would be skipped as malformed by hidden-states, and the run would count
+                # it complete: a row error instead, permanent (at temperature 0 it comes back the same) and
+                # tried again by --retry-errors.
+                raise RequestError(f"{endpoint} answered an unusable tool call: {problem}", status=200,
+                                   permanent=True, endpoint=endpoint)
         if message.get("content") is None and not calls and not reasoning:
             # `content: null` with nothing else is no answer: stored, it would be an empty trained turn
             raise RequestError(f"{endpoint} answered no content (content: null) and no tool calls",

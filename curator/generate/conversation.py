@@ -126,11 +126,13 @@ def _add_answer(out: Regenerated, completion: Completion) -> None:
 
 
 def output_record(row: MixRow, result: Regenerated, model: str,
-                  chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+                  chat_template_kwargs: dict[str, Any] | None = None, *, tools_dropped: bool = False) -> dict[str, Any]:
     """Return the shard line for one conversation (training/records/gen_record.py; stdlib-json readable).
 
     finish_reason is the last answer's ("kept" for keep_responses rows); finish_reasons lists
     every answer's, so a reader can drop conversations cut off at max_tokens in any turn.
+    `tools_dropped`: the row offers tools the target's chat template does not render (the prompt
+    the target saw holds no tool definition); the record says so beside `tools`.
     """
     return {
         "format": RECORD_FORMAT,
@@ -148,6 +150,7 @@ def output_record(row: MixRow, result: Regenerated, model: str,
         "requests": len(result.finish_reasons),
         "keep_responses": row.keep_responses,
         **({"tools": row.tools} if row.tools else {}),
+        **({"tools_dropped": True} if row.tools and tools_dropped else {}),
         **({"chat_template_kwargs": chat_template_kwargs} if chat_template_kwargs else {}),
         "mode": result.mode,
         **({"mode_reason": result.mode_reason} if result.mode == "text" and result.mode_reason else {}),

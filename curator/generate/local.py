@@ -104,6 +104,11 @@ class TransformersBackend:
         """Return how many requests were answered or failed."""
         return {self.name: self._requests}
 
+    @property
+    def renderer(self) -> PromptRenderer | None:
+        """Return the renderer of the target's prompts (None before `start`)."""
+        return getattr(self, "_tokens", None)
+
     async def start(self) -> None:
         """Load the model and tokenizer (raise EndpointError in one line when they do not
         load or have no chat template) and start the batcher."""

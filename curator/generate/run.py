@@ -43,7 +43,7 @@ from curator.generate.shards import (
     shard_paths,
     write_json_atomic,
 )
-from curator.rows.schema import BadRow, Mix, MixRow, open_mix
+from curator.rows.schema import BadRow, Mix, MixRow, first_context, open_mix
 
 Backend = OpenAIBackend | TransformersBackend
 
@@ -78,6 +78,9 @@ class GenerateConfig(BaseModel):
     retry_base_s: float = Field(0.5, ge=0.0)
     request_timeout_s: float = Field(1800.0, gt=0.0, description="deadline of one whole request, answer included")
     max_answer_bytes: int = Field(http.DEFAULT_MAX_ANSWER_BYTES, ge=1024, description="largest answer read")
+    # A row that offers tools the target's template does not render: generated and marked
+    # `tools_dropped` (the default), or refused as a row error (retried with --retry-errors).
+    refuse_dropped_tools: bool = False
 
     @field_validator("engine")
     @classmethod
@@ -129,6 +132,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_length: int = 0
+    tools_dropped: int = 0  # rows whose tools the target's chat template does not render (see docs/generation.md)
     wall_s: float = 0.0
     requests_per_s: float = 0.0
     output_tokens_per_s: float = 0.0
@@ -177,6 +181,13 @@ def token_mode(config: GenerateConfig, params: SamplingParams) -> TokenMode | No
     kwargs = params.extra_body.get("chat_template_kwargs") if isinstance(params.extra_body, dict) else None
     renderer = PromptRenderer(tokenizer, kwargs if isinstance(kwargs, dict) else None)
     return TokenMode(renderer, config.engine, config.model, params)
+
+
+def prompt_renderer(backend: Backend) -> PromptRenderer | None:
+    """Return the renderer a backend makes its prompts with (None: the server renders them)."""
+    if isinstance(backend, TransformersBackend):
+        return backend.renderer
+    return backend.tokens.renderer if isinstance(backend.tokens, TokenMode) else None
 
 
 def _names_a_folder(source: str) -> bool:
@@ -356,6 +367,14 @@ class _Run:
                 self._fail(row.id, f"malformed mix row: {row.reason}", status="malformed", permanent=True)
                 self.stats.malformed += 1
                 continue
+            dropped = self._drops_tools(row)
+            if dropped:
+                self.stats.tools_dropped += 1
+                if self.config.refuse_dropped_tools:
+                    self._fail(row.id, f"the target's chat template does not render the row's {len(row.tools or [])} "
+                               "tools (the prompt would hold no tool definition)", status="tools_dropped",
+                               permanent=True, source=row.source)
+                    continue
             try:
                 result = await regenerate(row, self.backend.complete)
             except RequestError as exc:
@@ -365,7 +384,7 @@ class _Run:
             kwargs = self.config.extra_body.get("chat_template_kwargs")
             try:
                 self.writer.add(output_record(row, result, self.config.model,
-                                              kwargs if isinstance(kwargs, dict) else None))
+                                              kwargs if isinstance(kwargs, dict) else None, tools_dropped=dropped))
             except UnstorableRecord as exc:
                 # At temperature 0 the same answer comes back on every run: record it, do not retry it.
                 self._fail(row.id, f"answer cannot be stored: {exc}", status="unstorable", permanent=True,
@@ -378,6 +397,16 @@ class _Run:
                 self.stats.prompt_tokens += result.prompt_tokens
                 self.stats.completion_tokens += result.completion_tokens
                 self.stats.finish_length += sum(1 for f in result.finish_reasons if f == "length")
+
+    def _drops_tools(self, row: MixRow) -> bool:
+        """Return whether the target's chat template ignores the tools `row` offers (the prompt rendered
+        with them equals the one without). Known only where generate renders the prompt itself (token
+        mode, the transformers backend); a chat-completions server renders it out of sight."""
+        if not row.tools or row.keep_responses:
+            return False
+        renderer = prompt_renderer(self.backend)
+        # the first prompt the target gets: later source turns may answer calls it has not made yet
+        return bool(renderer is not None and renderer.drops_tools(first_context(row), row.tools))
 
     def _fail(self, row_id: str, error: str, *, status: int | str | None, permanent: bool, **extra: Any) -> None:
         self.stats.errors += 1

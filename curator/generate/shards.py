@@ -106,13 +106,15 @@ def scan_shards(out_dir: str | Path) -> ShardScan:
 
 
 def _read_jsonl(path: Path, scan: ShardScan) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
+    # Read as bytes, decoded line by line: a byte that is not UTF-8 (a disk error, a hand edit) is one
+    # malformed line, counted, not a UnicodeDecodeError that stops the whole read.
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
+                record = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
                 scan.malformed_lines += 1
                 continue
             if isinstance(record, dict):

@@ -223,6 +223,20 @@ class PromptRenderer:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.format = answer_format(tokenizer.chat_template, tokenizer)
 
+    def drops_tools(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> bool | None:
+        """Return whether the target's template ignores `tools` for `messages`: the prompt rendered with
+        them equals the one rendered without (ChatML templates such as SmolLM2's have no tools). None
+        when there are no tools, or the template refuses the conversation (generating it says why)."""
+        if not tools:
+            return None
+        try:
+            history, _ = template_messages({"id": "", "messages": [dict(m) for m in messages]})
+            bare = render(self.tokenizer, history, True, **self.chat_template_kwargs)
+            offered = render(self.tokenizer, history, True, **{**self.chat_template_kwargs, "tools": tools})
+        except MalformedRecordError:
+            return None
+        return bare == offered
+
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """Return the ids of `messages` rendered with the target's template and its generation prompt."""
         try:

@@ -276,13 +276,15 @@ def iter_generation(gen_dir: str | Path, stats: GenerationReadStats | None = Non
     stats = stats if stats is not None else GenerationReadStats()
     for path in generation_files(gen_dir):
         stats.files += 1
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
+        # Bytes decoded line by line: a line that is not UTF-8 is one malformed record, not a
+        # UnicodeDecodeError that ends plan or hidden-states.
+        with open(path, "rb") as f:
+            for raw in f:
+                if not raw.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
+                    rec = json.loads(raw.decode("utf-8"))
+                except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: too deep
                     stats.malformed += 1
                     continue
                 if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("messages"), list):

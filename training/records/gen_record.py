@@ -11,6 +11,8 @@ lives in training/ because training may not import curator; curator imports it f
                function: {name, arguments: JSON text of an object}}; a tool turn's
                `tool_call_id` names a call made earlier in the conversation.
     tools      [JSON schema of each tool the target was offered] (optional)
+    tools_dropped  true when the target's chat template does not render `tools` (the prompt with them
+               equals the one without): the target never saw a tool definition (optional)
     chat_template_kwargs  what the prompt was rendered with (e.g. {"enable_thinking": false})
     mode       "token": the target's own ids are stored per generation (below);
                "text":  only the text is known; training re-renders and re-tokenises it.
