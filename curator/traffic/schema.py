@@ -96,17 +96,45 @@ class Profile(_Strict):
         return {name: c.share for name, c in self.categories.items() if c.share > 0}
 
 
+# Keys a request-log line has (an OpenAI request, a wrapped request, a prompt/response pair) and a profile has not.
+_LOG_KEYS = {"messages", "request", "prompt", "body", "conversations", "input"}
+
+
+def _looks_like_log(text: str) -> bool:
+    """Whether `text` is JSON lines whose first line is a request (a log given where a profile belongs)."""
+    first = text.lstrip().split("\n", 1)[0]
+    try:
+        line = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(line, dict) and bool(_LOG_KEYS & set(line))
+
+
 def load_profile(path: str | Path) -> Profile:
     """Return the profile in `path`; a missing, unreadable or malformed file is a ConfigError naming it."""
     path = Path(path)
+    log_hint = (f"{path}: this looks like a request log, not a traffic profile: make the profile with "
+                f"`curator profile --traffic {path} --out profile.json` and give profile.json")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such profile (make one with `curator profile --traffic FILE --out {path}`)") from None
+    except UnicodeDecodeError:
+        if path.suffix == ".parquet":  # a request log as parquet: the profile is JSON
+            raise ConfigError(log_hint) from None
+        raise ConfigError(f"{path}: cannot read the profile: not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
+    try:
+        data = json.loads(text)
     except RecursionError:
         raise ConfigError(f"{path}: cannot read the profile: nested too deeply") from None
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON, UTF-8, or an integer past 4,300 digits
+    except ValueError as exc:  # bad JSON, or an integer past 4,300 digits
+        if _looks_like_log(text):
+            raise ConfigError(log_hint) from None
         raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
+    if isinstance(data, dict) and "categories" not in data and _LOG_KEYS & set(data):
+        raise ConfigError(log_hint)  # a log of one line
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:

@@ -217,3 +217,27 @@ def test_addresses_ibans_passwords_and_spelled_out_emails_never_leave_the_traffi
     code, console = run_profile(["--traffic", str(traffic), "--out", str(tmp_path / "q.json"), "--no-examples"], capsys)
     assert code == 0 and all(v == [] for v in json.loads((tmp_path / "q.json").read_text())["examples"].values())
     assert "Ask 0" not in console
+
+
+def test_a_request_log_given_as_a_profile_says_so_and_gives_the_profile_command(tmp_path: Path, capsys) -> None:
+    # `--match traffic.jsonl` and `eval --profile traffic.jsonl` used to say "Extra data: line 2 column 1" (issue 46 item 4)
+    log = tmp_path / "traffic.jsonl"
+    write_jsonl(log, 5, SHARES, seed=3)
+    one = tmp_path / "one.jsonl"
+    one.write_text(log.read_text().splitlines()[0] + "\n")
+    for path in (log, one):
+        with pytest.raises(ConfigError, match="looks like a request log") as caught:
+            load_profile(path)
+        assert f"curator profile --traffic {path} --out profile.json" in str(caught.value)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"categories": ')
+    with pytest.raises(ConfigError, match="cannot read the profile"):
+        load_profile(broken)
+    # through a command: eval refuses the log before it loads a model
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "p.txt").write_text("hello\n")
+    code = main(["eval", "--model", str(model), "--draft", str(model), "--prompts", str(tmp_path / "p.txt"),
+                 "--profile", str(log)])
+    err = capsys.readouterr().err
+    assert code == 1 and "looks like a request log" in err and "curator profile --traffic" in err and "Extra data" not in err
