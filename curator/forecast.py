@@ -59,6 +59,9 @@ from curator.errors import ConfigError
 
 LAWS = ("log-linear", "saturating")
 MIN_SIZES = 3  # distinct sample counts a category needs before a line through them says anything
+# A category trained on a handful of samples is judged on as few held-out ones: an acceptance measured
+# there is noise, not the goal reached. Under this many training samples no run declares "reached".
+MIN_REACHED_SAMPLES = 100
 MIN_T = 2.0  # slope / its standard error: under this the curve is flat within its noise
 MAX_FOLD = 100.0  # past this many times the largest run, a line through the runs gives no number
 BAND = (10, 90)  # percentiles of the samples-needed band
@@ -411,7 +414,7 @@ class CategoryForecast:
     points: list[Point]
     fits: dict[str, Fit]  # each law's line at the most likely R*
     law: str | None  # the law of the most likely line
-    verdict: str  # "forecast" | "reached" | "too few runs" | "flat" | "unreachable" | "beyond the data"
+    verdict: str  # "forecast" | "reached" | "too few samples" | "too few runs" | "no fit" | "flat" | "unreachable" | "beyond the data"
     reason: str
     needed: float | None = None
     band: tuple[float, float] | None = None
@@ -458,14 +461,27 @@ def forecast_category(category: str, points: Sequence[Point], goal: float, steps
     if goal >= steps + 1:
         out.verdict, out.reason = "unreachable", f"a chain of {steps} drafted tokens accepts at most {steps + 1}"
         return out
-    if pts and max(p.acceptance for p in pts) >= goal:
-        first = min((p for p in pts if p.acceptance >= goal), key=lambda p: p.samples)
+    reaching = [p for p in pts if p.acceptance >= goal]
+    if reaching and max(p.samples for p in reaching) >= MIN_REACHED_SAMPLES:
+        first = min((p for p in reaching if p.samples >= MIN_REACHED_SAMPLES), key=lambda p: p.samples)
         at = f" ({first.epochs:.3g} epochs)" if first.epochs is not None else ""
         out.verdict, out.reason, out.needed = "reached", f"already measured at {first.samples:,} samples{at}", float(first.samples)
         return out
-    if sizes < MIN_SIZES or best is None or ens is None:
+    if reaching:
+        top = max(reaching, key=lambda p: p.samples)
+        out.verdict = "too few samples"
+        out.reason = (f"acceptance {top.acceptance:.2f} measured with {top.samples:,} training samples; a goal counts as "
+                      f"reached from {MIN_REACHED_SAMPLES:,} samples up, below that the figure is noise")
+        return out
+    if sizes < MIN_SIZES:
         out.verdict = "too few runs"
         out.reason = f"{sizes} distinct sample count(s); a forecast needs {MIN_SIZES} or more"
+        return out
+    if best is None or ens is None:
+        out.verdict = "no fit"
+        # every law takes any acceptance on its own axis: what defeats them all is one data size for every run
+        out.reason = (f"no line fits these {sizes} runs: each saw the same effective data (a fixed step budget under "
+                      "one epoch trains on as many samples whatever the subset's size); train them for whole epochs")
         return out
     if best.b <= 0 or best.slope_t < MIN_T:
         out.verdict = "flat"
@@ -607,6 +623,8 @@ def break_even_from_report(path: str | Path, steps: int | None = None) -> list[B
     path = Path(path)
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such bench-serve report (write one with `curator bench-serve --json`)") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: cannot read the bench-serve report: {exc}") from None
     rows = report.get("concurrency") if isinstance(report, dict) else None
@@ -751,6 +769,8 @@ def run_point(run_dir: str | Path) -> RunFigures:
     from training.storage.index import read_index
 
     run = Path(run_dir)
+    if not run.is_dir():
+        raise BadPointError(f"{run}: no such run directory" if not run.exists() else f"{run}: not a run directory")
     try:
         summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
         ckpt = Path(summary["checkpoint"])
@@ -762,6 +782,8 @@ def run_point(run_dir: str | Path) -> RunFigures:
                               eval_fraction=cfg.get("eval_fraction", 0.05), eval_max_samples=cfg.get("eval_max_samples"),
                               max_train_samples=cfg.get("max_train_samples"))
         report = json.loads((run / "eval.json").read_text(encoding="utf-8")) if (run / "eval.json").exists() else None
+    except FileNotFoundError as exc:  # a run stopped early, or another folder: name the file, not the errno
+        raise BadPointError(f"{run}: not a finished `curator train` run: no {exc.filename}") from None
     except (OSError, KeyError, TypeError, AttributeError, ValueError, RecursionError, TrainingError) as exc:
         raise BadPointError(f"{run}: not a finished training run ({type(exc).__name__}: {exc})") from None
     counts = _counts(entries, ids)
@@ -806,6 +828,27 @@ def points_by_category(runs: Sequence[tuple[Any, ...]]) -> dict[str, list[Point]
     return out
 
 
+def left_out_categories(runs: Sequence[tuple[Any, ...]]) -> dict[str, str]:
+    """Return {category: why} for each category a run trained on or measured that no run gives a point
+    (points_by_category needs both its training samples and its acceptance in the same run)."""
+    kept = set(points_by_category(runs))
+    trained: Counter[str] = Counter()
+    measured: set[str] = set()
+    for run in runs:
+        trained.update({c: int(n) for c, n in run[0].items() if n})
+        measured.update(run[1])
+    out = {}
+    for cat in sorted((set(trained) | measured) - kept):
+        if cat not in measured:
+            out[cat] = (f"trained on ({trained[cat]:,} samples over the runs) but no run measured its acceptance: "
+                        "no held-out samples of it")
+        elif not trained[cat]:
+            out[cat] = "measured, but no run trained on it"
+        else:
+            out[cat] = "no run both trained on it and measured it"
+    return out
+
+
 @dataclass
 class Forecast:
     """The whole answer: per category, samples for the goal, their cost; and the break-even."""
@@ -820,6 +863,7 @@ class Forecast:
     generation: GenerationCost | None = None
     bytes_per_token: int | None = None
     break_even: list[BreakEven] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)  # category -> why no run gave it a point
 
     def to_json(self) -> dict[str, Any]:
         def cost(c: Cost | None) -> dict[str, Any] | None:
@@ -835,6 +879,7 @@ class Forecast:
             "generation": asdict(self.generation) if self.generation else None,
             "bytes_per_token": self.bytes_per_token,
             "break_even": [asdict(b) for b in self.break_even],
+            "left_out": dict(self.left_out),
         }
 
 

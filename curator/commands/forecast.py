@@ -70,6 +70,10 @@ def forecast_command(
         raise ConfigError(f"--epochs is a positive number, not {epochs!r}")
     if epochs is not None and max_steps is not None:
         raise ConfigError("give the budget once: --epochs or --max-steps")
+    for flag, path in (("--store", store), ("--eval-store", eval_store), ("--target", target), ("--config", config),
+                       ("--generation", generation), ("--serve-report", serve_report)):
+        if path is not None and not path.exists():  # named before anything is read or trained
+            raise ConfigError(f"{flag} {path}: no such file or folder")
     if not runs and store is None:
         raise ConfigError("give --run RUN_DIR (three or more) or --store STORE --target TARGET to train nested subsets")
     # every input is read before any draft trains: a bad report must not wait behind an hour of training
@@ -144,6 +148,7 @@ def forecast_command(
         breaks.append(fc.BreakEven(verify_cost, "--verify-cost"))
     result = fc.make_forecast(fc.points_by_category(pairs), goal, chain, generation=gen, bytes_per_token=bpt,
                               break_even=breaks, seed=seed, budget=budget)
+    result.left_out = fc.left_out_categories(pairs)
     render(result)
     if json_out is not None:
         write_json(json_out, result.to_json())
@@ -159,7 +164,7 @@ def render(result) -> None:
         lo, hi = c.band or (None, None)
         sizes = [p.samples for p in c.points]
         rows.append([c.category, f"{len(sizes)}: {_n(min(sizes))}-{_n(max(sizes))}" if sizes else "-",
-                     f"{fit.law} {fit.rmse:.3f}" if fit else "-", _n(c.needed) if c.verdict != "too few runs" else "-",
+                     f"{fit.law} {fit.rmse:.3f}" if fit else "-", _n(c.needed) if c.verdict in ("forecast", "reached") else "-",
                      f"{_n(lo)}-{_n(hi)}" if c.band else "-"])
         if (cost := result.costs.get(c.category)) is not None:
             costs.append([c.category, _n(cost.samples), f"{cost.target_tokens / 1e6:,.1f}M",
@@ -174,6 +179,8 @@ def render(result) -> None:
                                  title=f"cost, at {tps}"))
     for c in result.categories:
         stdout.print(f"{c.category}: {c.verdict}" + (f": {c.reason}" if c.reason else ""), highlight=False, markup=False)
+    for category, why in result.left_out.items():  # a category silently missing from the table reads as forgotten
+        stdout.print(f"{category}: left out: {why}", highlight=False, markup=False)
     if result.generation is None:
         disk = "" if result.bytes_per_token is not None else " (and --target for the disk)"  # --target already given
         stdout.print(f"cost: give --generation GEN_DIR{disk} to price the samples", highlight=False, markup=False)

@@ -483,3 +483,44 @@ def test_a_forecast_sigkilled_in_its_last_run_resumes_to_the_figures_of_one_neve
     assert _points_of(tmp_path / "resumed.json") == _points_of(tmp_path / "whole.json")
     a, b = (load_file(str(latest_checkpoint(d / "run-1") / "draft.safetensors")) for d in (killed, tmp_path / "whole"))
     assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
+
+
+# ---- issue 46 item 6, issue 49 item 11: no "reached" from a handful, nothing left out unsaid, raw errors ----
+
+
+def test_a_goal_met_by_a_handful_of_samples_is_not_called_reached() -> None:
+    # the demo's reasoning: 3 training samples, acceptance past the goal (noise on as few held-out ones)
+    pts = [fc.Point(1, 1.4), fc.Point(2, 2.0), fc.Point(3, 3.4)]
+    out = fc.forecast_category("reasoning", pts, goal=3.0, steps=3)
+    assert out.verdict == "too few samples" and out.needed is None
+    assert f"from {fc.MIN_REACHED_SAMPLES:,} samples up" in out.reason and "3 training samples" in out.reason
+
+
+def test_three_runs_no_line_fits_is_not_called_too_few_runs() -> None:
+    # three sizes trained at one fixed step budget under an epoch: each draft saw 100 samples, so no line
+    # tells the sizes apart (issue 49 item 11's "too few runs: 3 ... needs 3 or more")
+    pts = [fc.Point(n, 1.5 + n / 2000, epochs=100 / n) for n in (250, 500, 1000)]
+    out = fc.forecast_category("chat", pts, goal=3.9, steps=3)
+    assert out.verdict == "no fit" and "needs 3 or more" not in out.reason and "same effective data" in out.reason
+
+
+def test_a_category_no_run_measured_is_named_as_left_out() -> None:
+    runs = [({"code": n, "chat": n // 2}, {"code": 1.5 + n / 1000}, None) for n in (250, 500, 1000)]
+    assert set(fc.points_by_category(runs)) == {"code"}
+    left = fc.left_out_categories(runs)
+    assert list(left) == ["chat"] and "875 samples" in left["chat"] and "no held-out samples" in left["chat"]
+    result = fc.make_forecast(fc.points_by_category(runs), 3.0, 3)
+    result.left_out = left
+    assert result.to_json()["left_out"] == left
+
+
+def test_missing_runs_and_inputs_are_named_without_a_raw_errno(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["forecast", "--run", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert "no such run directory" in err and "FileNotFoundError" not in err and "Errno" not in err
+    (tmp_path / "stopped").mkdir()
+    assert main(["forecast", "--run", str(tmp_path / "stopped")]) == 1
+    err = capsys.readouterr().err
+    assert "not a finished `curator train` run: no " in err and "summary.json" in err and "Errno" not in err
+    assert main(["forecast", "--store", str(tmp_path / "nowhere"), "--target", str(tmp_path)]) == 1
+    assert "--store" in capsys.readouterr().err
