@@ -180,3 +180,19 @@ def test_eval_without_data_shows_no_empty_simulated_columns_and_no_cut_header_at
     render_eval(_eval_report(offline), 1.0)
     shown = out.getvalue()
     assert "teacher-forced" in shown and "…" not in shown and all(len(line) <= 80 for line in shown.splitlines())
+
+
+def test_plan_prices_its_feeds_with_every_number_whole_at_80_columns(tmp_path: Path) -> None:
+    cfg = tmp_path / "kimi.json"
+    cfg.write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+                               "text_config": {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}}))
+    done = run_at_80("plan", "--model", str(cfg), "--samples", "100000", "--avg-tokens", "2103", "--epochs", "3",
+                     "--cache-budget", "500GB", "--capture-rate", "47000", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout + done.stderr
+    feeds = shown[shown.index("feeding the trainer"):]
+    # the table used to read `210,300,...` and `engine-...` (issue 46 item 3)
+    assert "…" not in feeds and all(len(line) <= 80 for line in feeds.splitlines())
+    for number in ("210,300,000", "630,900,000", "201,581,453", "12.1 TB", "500.0 GB"):
+        assert number in feeds, number
+    assert "full store" in feeds and "capture every" in feeds
