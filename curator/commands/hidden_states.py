@@ -153,6 +153,7 @@ def summary_rows(stats: ExtractStats, out: Path, backend: str, read: GenerationR
         ("wall time (s)", round(stats.wall_s, 1)),
         ("skipped: malformed", stats.malformed + read.malformed),
         ("skipped: no answer left after --max-len", stats.no_loss_tokens),
+        ("skipped: longer than the target's positions (--max-len clips)", stats.too_long),
         ("skipped: NaN/inf states", stats.nonfinite),
         ("skipped: engine failures", stats.failed),
         ("clipped at --max-len", stats.truncated),

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from curator import aio, http
+from curator import http
 from curator.errors import ConfigError
 from curator.engines.sampling import SamplingParams
 from curator.generate.client import OpenAIBackend, RequestError, RetryPolicy
@@ -44,6 +45,7 @@ from curator.generate.shards import (
     write_json_atomic,
 )
 from curator.rows.schema import BadRow, Mix, MixRow, first_context, open_mix
+from curator.signals import kill_after_sigterm
 
 Backend = OpenAIBackend | TransformersBackend
 
@@ -200,14 +202,31 @@ def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | N
     `config.out` (resuming whatever an earlier run left). SIGTERM ends it as Ctrl-C does: the
     buffered rows are written, generation.json says `interrupted`, KeyboardInterrupt is raised."""
 
-    async def until_sigterm() -> GenerationStats:
-        with aio.cancel_on_sigterm():
+    async def until_sigterm(arm: Callable[[], None]) -> GenerationStats:
+        # aio.cancel_on_sigterm's cancel, plus the watchdog: asyncio.run waits for the worker thread of
+        # the transformers backend, which may be inside a minutes-long generate call.
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        if task is None:
             return await generate_async(config, on_progress)
 
-    try:
-        return asyncio.run(until_sigterm())
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
+        def stop() -> None:
+            arm()
+            task.cancel()
+
+        try:
+            loop.add_signal_handler(signal.SIGTERM, stop)
+        except (ValueError, RuntimeError, NotImplementedError):  # off the main thread: the caller's signals
+            return await generate_async(config, on_progress)
+        try:
+            return await generate_async(config, on_progress)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    with kill_after_sigterm() as arm:
+        try:
+            return asyncio.run(until_sigterm(arm))
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
 
 
 async def generate_async(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:

@@ -31,7 +31,7 @@ import torch
 
 from training.capture.forward import capture_batch, load_target, pad_batch, sample_finite
 from training.capture.host import BackgroundWriter, HostCopier
-from training.capture.prepare import sample_windows, length_batches, prepare_samples, store_meta
+from training.capture.prepare import length_batches, max_positions, prepare_samples, sample_windows, store_meta
 from training.capture.ranks import claim_for_ranks, finish_ranks
 from training.capture.stats import ExtractStats
 from training.errors import ModelMismatchError, TrainingError
@@ -75,7 +75,7 @@ def extract(
         try:
             samples = prepare_samples(
                 records, tokenizer, stats, done=writer.done_ids(), max_len=max_len, rank=rank, world_size=world_size,
-                vocab_size=meta.vocab_size,
+                vocab_size=meta.vocab_size, positions=max_positions(model.config),
             )
             for chunk in sample_windows(samples, window):
                 for batch in length_batches([len(s.input_ids) for s in chunk], batch_tokens):

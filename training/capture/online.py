@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from training.capture.forward import capture_batch, load_target, pad_batch
-from training.capture.prepare import OnDemandStates, PreparedSample, prepare_samples, store_meta
+from training.capture.prepare import OnDemandStates, PreparedSample, max_positions, prepare_samples, store_meta
 from training.capture.stats import ExtractStats
 from training.records.chat_tokens import GenerationReadStats, iter_generation
 from training.storage.format import HiddenStateSample, StoreMeta
@@ -44,7 +44,7 @@ class OnlineStates(OnDemandStates):
         self.read_stats = GenerationReadStats()
         self.prepare_stats = ExtractStats()
         prepared = prepare_samples(iter_generation(gen_dir, self.read_stats), tokenizer, self.prepare_stats,
-                                   done=set(), max_len=max_len)
+                                   done=set(), max_len=max_len, positions=max_positions(model.config))
         self._samples: dict[str, PreparedSample] = {s.id: s for s in prepared}
         self.skipped: dict[str, str] = {}
 

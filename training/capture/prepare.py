@@ -42,6 +42,22 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
+def max_positions(config: Any) -> int | None:
+    """Return how many positions the target takes (a transformers config or its dict; None when it does not
+    say). A rope scaling that names `original_max_position_embeddings` already counts in
+    max_position_embeddings; one that only gives a `factor` (Qwen's yarn) stretches it by that factor."""
+    cfg = text_part(config if isinstance(config, dict) else text_config(config).to_dict())
+    n = cfg.get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    scaling = cfg.get("rope_scaling") or {}
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 1 < factor <= 1024 \
+            and "original_max_position_embeddings" not in scaling:
+        return int(n * factor)
+    return n
+
+
 @dataclass
 class PreparedSample:
     """A tokenised sample, ready for a forward pass."""
@@ -63,9 +79,12 @@ def prepare_samples(
     rank: int = 0,
     world_size: int = 1,
     vocab_size: int | None = None,
+    positions: int | None = None,
 ) -> Iterator[PreparedSample]:
     """Yield this rank's not-yet-stored records, tokenised with the chat template; count the rest
-    (a record with a token id the target cannot take, at or past `vocab_size`, is malformed)."""
+    (a record with a token id the target cannot take, at or past `vocab_size`, is malformed; a row
+    longer than the target's `positions` after `max_len` is skipped as too_long: its states past the
+    positions are meaningless, and one such forward pass holds a run for minutes)."""
     seen: set[str] = set()
     for rec in records:
         stats.records += 1
@@ -95,6 +114,9 @@ def prepare_samples(
                 continue
             if not bool(toks.loss_mask.any()):
                 stats.no_loss_tokens += 1  # max_len cut every answer off: nothing to learn from it
+                continue
+            if positions is not None and len(toks.input_ids) > positions:
+                stats.too_long += 1
                 continue
             stats.truncated += int(toks.truncated)
             yield PreparedSample(sid + toks.suffix, str(rec.get("category", "")), toks.input_ids, toks.loss_mask,

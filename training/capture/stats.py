@@ -16,6 +16,7 @@ class ExtractStats:
     malformed: int = 0
     no_loss_tokens: int = 0
     truncated: int = 0
+    too_long: int = 0  # longer than the target's positions (after --max-len): skipped, never run
     stored: int = 0
     nonfinite: int = 0
     failed: int = 0  # engine requests that failed for good (vLLM backend)
@@ -32,7 +33,7 @@ class ExtractStats:
     @property
     def skipped(self) -> int:
         """Return the samples not stored for a reason the user should know about."""
-        return self.malformed + self.no_loss_tokens + self.nonfinite + self.failed
+        return self.malformed + self.no_loss_tokens + self.too_long + self.nonfinite + self.failed
 
     def add(self, other: ExtractStats) -> None:
         """Accumulate another rank's counts (wall time: the slowest rank)."""

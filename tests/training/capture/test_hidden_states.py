@@ -150,6 +150,33 @@ def test_max_len_clips_tokens_and_drops_samples_left_without_answers(tmp_path: P
     assert stats.no_loss_tokens > 0 and stats.stored + stats.no_loss_tokens == 6
 
 
+def test_samples_past_the_targets_positions_are_skipped_and_counted(tmp_path: Path, target: tuple[Any, Any]) -> None:
+    """Issue 49 item 3: a sample longer than max_position_embeddings ran without a word (minutes of
+    forward pass, states past the positions meaningless); it is skipped as too_long, --max-len clips."""
+    model, tok = target
+    positions = model.config.max_position_embeddings
+    long = conversation(1)
+    long["id"] = "long"
+    long["messages"][-1]["content"] = "def value " * positions  # well past the positions once tokenised
+    gen = write_gen(tmp_path / "gen", [conversation(0), long, conversation(2)])
+    meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
+    stats = extract(model, tok, iter_generation(gen), tmp_path / "store", meta)
+    assert stats.too_long == 1 and stats.stored == 2 and stats.skipped == 1
+    assert sorted(HiddenStateStore.open(tmp_path / "store").ids()) == ["c000", "c002"]
+    clipped = extract(model, tok, iter_generation(gen), tmp_path / "clipped", meta, max_len=positions)
+    assert clipped.too_long == 0 and clipped.stored == 3
+
+
+def test_the_targets_positions_count_a_rope_factor_only_where_the_config_does_not() -> None:
+    from training.capture.prepare import max_positions
+
+    assert max_positions({"max_position_embeddings": 4096}) == 4096
+    assert max_positions({"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}) == 131072
+    llama31 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    assert max_positions({"max_position_embeddings": 131072, "rope_scaling": llama31}) == 131072
+    assert max_positions({"max_position_embeddings": -1}) is None and max_positions({}) is None
+
+
 # ---------------------------------------------------------------- capture
 
 
