@@ -20,10 +20,10 @@ def demo(
 
     With --serve it ends by serving the draft in a real vLLM and prints the engine's acceptance.
 
-    Offline, on the machine it runs on: the scouts plan with rules over a bundled Hub snapshot,
-    profile reads a request log it writes (coding and agentic requests), and target trains the small
-    model the demo serves.
+    Offline, on the machine it runs on: the scouts plan with rules over a bundled Hub snapshot, profile reads a request log it writes (coding and agentic requests), and target trains the small model the demo serves.
     """
+    # each paragraph of the docstring is one line: the help keeps a docstring's line breaks, and
+    # breaks written for the source's width fell mid-sentence at 80 columns (issue 46 item 3)
     from curator.demo.pipeline import QUICK, DemoSettings, run_demo
 
     python = None

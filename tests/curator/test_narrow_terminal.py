@@ -196,3 +196,19 @@ def test_plan_prices_its_feeds_with_every_number_whole_at_80_columns(tmp_path: P
     for number in ("210,300,000", "630,900,000", "201,581,453", "12.1 TB", "500.0 GB"):
         assert number in feeds, number
     assert "full store" in feeds and "capture every" in feeds
+
+
+def test_demo_help_wraps_its_paragraphs_at_80_columns_not_at_the_sources_line_breaks(tmp_path: Path) -> None:
+    done = run_at_80("demo", "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout[: done.stdout.index("Options")]
+    paragraphs: list[list[str]] = [[]]
+    for line in text.splitlines():  # blank lines (spaces only) separate paragraphs
+        if line.strip():
+            paragraphs[-1].append(line.strip())
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    # a line that ends a paragraph may be short; any other line short of the width was broken mid-sentence
+    for lines in paragraphs:
+        assert all(len(line) >= 60 for line in lines[:-1]), lines
+    assert any("Hub snapshot" in line for lines in paragraphs for line in lines)
