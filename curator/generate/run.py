@@ -200,7 +200,9 @@ def _names_a_folder(source: str) -> bool:
 def generate(config: GenerateConfig, on_progress: Callable[[Snapshot], None] | None = None) -> GenerationStats:
     """Return the stats of a run that regenerates every missing answer of `config.mix` into
     `config.out` (resuming whatever an earlier run left). SIGTERM ends it as Ctrl-C does: the
-    buffered rows are written, generation.json says `interrupted`, KeyboardInterrupt is raised."""
+    buffered rows are written, generation.json says `interrupted`, KeyboardInterrupt is raised; a
+    process still busy `curator.signals.GRACE_S` seconds after SIGTERM is killed (a worker thread in a
+    long model call would otherwise hold asyncio.run until it returns)."""
 
     async def until_sigterm(arm: Callable[[], None]) -> GenerationStats:
         # aio.cancel_on_sigterm's cancel, plus the watchdog: asyncio.run waits for the worker thread of
