@@ -83,13 +83,29 @@ def figures(report: DemoReport) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     if report.mix_counts:
+        # shares, the traffic's target beside what the mix achieved: --match aims at the first, and
+        # counts alone do not say whether it got there
         fig, ax = plt.subplots(figsize=(5, 3))
-        cats = sorted(report.mix_counts)
-        bars = ax.bar(cats, [report.mix_counts[c] for c in cats], color="#4c72b0")
-        ax.bar_label(bars, padding=2)  # the count on each bar (a category with none reads 0, not a gap)
-        ax.margins(y=0.15)  # room above the tallest bar for its label
-        ax.set_ylabel("prompts")
-        ax.set_title("Mix composition")
+        cats = sorted(set(report.mix_counts) | set(report.traffic_shares))
+        total = sum(report.mix_counts.values()) or 1
+        achieved = [report.mix_counts.get(c, 0) / total for c in cats]
+        slots = list(range(len(cats)))
+        width = 0.4 if report.traffic_shares else 0.6
+        if report.traffic_shares:
+            target = [report.traffic_shares.get(c, 0.0) for c in cats]
+            bars = ax.bar([x - width / 2 for x in slots], target, width, color="#dd8452", label="target (traffic profile)")
+            ax.bar_label(bars, labels=[f"{v:.0%}" for v in target], padding=2, fontsize=7)
+        bars = ax.bar([x + (width / 2 if report.traffic_shares else 0) for x in slots], achieved, width, color="#4c72b0",
+                      label="achieved (mix)")
+        # the share and the count on each bar (a category with none reads 0%, not a gap)
+        ax.bar_label(bars, labels=[f"{v:.0%} ({report.mix_counts.get(c, 0)})" for c, v in zip(cats, achieved)],
+                     padding=2, fontsize=7)
+        ax.set_xticks(slots, cats)
+        ax.set_ylim(0, min(1.0, max([*achieved, *report.traffic_shares.values(), 0.1]) * 1.3))
+        ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+        ax.set_ylabel("share of prompts")
+        ax.set_title("Mix: target vs achieved shares" if report.traffic_shares else "Mix composition (shares)")
+        ax.legend(fontsize=7)
         out["Mix composition"] = fig
 
     train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
@@ -135,6 +151,21 @@ def figures(report: DemoReport) -> dict[str, Any]:
     return out
 
 
+def k_note(report: DemoReport) -> str | None:
+    """Return why the training plot and the acceptance plot count different draft positions, or None
+    where they count the same."""
+    train_rows = [r for r in report.train_log if "loss" in r and r.get("split", "train") == "train"]
+    trained = max((len(r.get("acc") or []) for r in train_rows), default=0)
+    measured = report.eval_steps or max(len(report.acceptance_measured), len(report.acceptance_estimated))
+    if not trained or not measured or trained == measured:
+        return None
+    return (f"The draft was trained to predict {trained} positions ahead (K={trained}, its training-time test steps) "
+            f"and is measured drafting {measured} tokens a round (K={measured}, eval's --steps, the chain a server "
+            f"would run): " + (f"positions past {measured} are trained but unused at K={measured}."
+                               if trained > measured else
+                               f"positions past {trained} were never trained, and drafting them costs more than it gains."))
+
+
 def write_html(report: DemoReport, path: str | Path) -> Path:
     """Write the report page to `path` (atomically); return the path."""
     path = Path(path)
@@ -154,6 +185,8 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         parts.append(
             f"<p><b>Acceptance length</b> (tokens per target forward{k}): measured {report.acceptance_length:.2f}"
             + (f", simulated on held-out states {est:.2f}" if est is not None else "")
+            + (f"; weighted by the traffic profile's category shares {report.acceptance_traffic:.2f}"
+               if report.acceptance_traffic is not None else "")
             + (f"; on the agentic (tool-calling) prompts {report.acceptance_agentic:.2f}"
                if report.acceptance_agentic is not None else "")
             + "</p>"
@@ -178,6 +211,9 @@ def write_html(report: DemoReport, path: str | Path) -> Path:
         for title, uri in shown.items():
             parts.append(f"<figure><img alt='{html.escape(title)}' src='{uri}'></figure>")  # each plot has its title
         parts.append("</div>")
+        note = k_note(report)
+        if note:
+            parts.append(f"<p>{html.escape(note)}</p>")
     parts.append("</body></html>")
     return write_text(path, "\n".join(parts))
 

@@ -75,9 +75,36 @@ def test_every_plot_title_fits_over_its_axes(figures) -> None:  # type: ignore[n
             assert title.x0 >= box.x0 - 1 and title.x1 <= box.x1 + 1, (name, ax.get_title())
 
 
-def test_the_mix_bars_carry_their_counts_a_missing_category_too(figures) -> None:  # type: ignore[no-untyped-def]
+def test_the_mix_bars_carry_their_shares_and_counts_a_missing_category_too(figures) -> None:  # type: ignore[no-untyped-def]
     (ax,) = figures["Mix composition"].axes
-    assert sorted(t.get_text() for t in ax.texts) == sorted(["49", "7", "47", "0"])
+    assert sorted(t.get_text() for t in ax.texts) == sorted(["48% (49)", "7% (7)", "46% (47)", "0% (0)"])
+
+
+def test_the_mix_plot_sets_the_traffic_target_beside_the_achieved_shares(tmp_path: Path) -> None:
+    # issue 46 item 7: the plot showed counts, which do not say whether --match reached the profile's shares
+    import matplotlib.pyplot as plt
+
+    from curator.demo.report import figures as make
+
+    report = demo_report(tmp_path)
+    report.traffic_shares = {"agentic": 0.45, "code": 0.45, "chat": 0.10}
+    fig = make(report)["Mix composition"]
+    try:
+        (ax,) = fig.axes
+        assert "target" in ax.get_title() and "achieved" in ax.get_title() and ax.get_ylabel() == "share of prompts"
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["target (traffic profile)", "achieved (mix)"]
+        texts = {t.get_text() for t in ax.texts}
+        assert {"45%", "10%", "48% (49)", "7% (7)"} <= texts
+    finally:
+        plt.close(fig)
+
+
+def test_the_headline_gives_the_traffic_weighted_figure_and_the_page_explains_two_ks(tmp_path: Path) -> None:
+    page = write_html(demo_report(tmp_path), tmp_path / "report.html").read_text()
+    headline = re.search(r"<p><b>Acceptance length</b>(.*?)</p>", page).group(1)
+    assert "weighted by the traffic profile's category shares 3.54" in headline
+    # training's accuracy plot counts 4 positions, the acceptance plot 3: the page says why
+    assert "K=4" in page[page.index("<div class='plots'>"):] and "trained but unused at K=3" in page
 
 
 def test_the_narrow_plots_sit_side_by_side_before_the_wide_one(tmp_path: Path) -> None:
