@@ -16,7 +16,7 @@ from typing import Any
 from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
 from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
-from training.capture.prepare import store_meta
+from training.capture.prepare import max_positions, store_meta
 from training.capture.stats import ExtractStats
 from training.storage.index import merge_index
 from training.capture.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
@@ -85,11 +85,15 @@ def _check(s: CaptureSettings) -> Path:
 
 
 def remaining_samples(
-    shape: ModelShape, tokenizer: Any, data: Path, out: Path, done: set[str], meta: StoreMeta, max_len: int | None
+    shape: ModelShape, tokenizer: Any, data: Path, out: Path, done: set[str], meta: StoreMeta, max_len: int | None,
+    positions: int | None = None,
 ) -> int:
-    """Raise when the rest of the run will not fit at `out`; return the samples still to capture."""
+    """Raise when the rest of the run will not fit at `out`; return the samples still to capture (those
+    longer than the target's `positions` after `max_len` are skipped by the run, and left out here)."""
     left: Iterator[dict[str, Any]] = (r for r in iter_generation(data) if r["id"] not in done)
     lengths, how, _ = data_lengths(left, tokenizer, shape.vocab_size)
+    if positions is not None:
+        lengths = [n for n in lengths if min(n, max_len or n) <= positions]
     if not lengths:
         return 0
     result = make_plan(shape, lengths=lengths, max_len=max_len, dtype=meta.dtype, n_aux=len(meta.aux_layer_ids),
@@ -115,13 +119,15 @@ def capture_hidden_states(
     tokenizer = load_tokenizer(local)
     if tokenizer is None:
         raise ConfigError(f"{local} has no tokenizer; the chat template of the target is needed to tokenise")
-    meta = store_meta(read_target_config(local), tokenizer, target=s.model, layer_ids=s.layer_ids, dtype=s.dtype,
+    config = read_target_config(local)
+    meta = store_meta(config, tokenizer, target=s.model, layer_ids=s.layer_ids, dtype=s.dtype,
                       has_final=s.has_final, extra={"backend": s.backend, "max_len": s.max_len})
     done: set[str] = set()
     if (s.out / "meta.json").exists():
         stored, skipped = read_index(s.out)
         done = set(stored) | set(skipped)
-    total = remaining_samples(load_shape(local), tokenizer, s.data, s.out, done, meta, s.max_len) if s.check_disk else None
+    total = remaining_samples(load_shape(local), tokenizer, s.data, s.out, done, meta, s.max_len,
+                              max_positions(config)) if s.check_disk else None
     if on_total is not None:
         on_total(total)
     advance = on_samples or (lambda _n: None)
