@@ -1,0 +1,55 @@
+"""A tap writer killed with SIGKILL mid-write leaves only whole records (a torn last line at most,
+which readers skip), and the next run starts a new file beside them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from curator.tap.record import Exchange
+from curator.tap.writer import TapLog, TapWriter
+from curator.traffic.scrub import scrub
+
+WRITER = r"""
+import json, sys, time
+from curator.tap.record import Exchange
+from curator.tap.writer import TapLog, TapWriter
+from curator.traffic.scrub import scrub
+
+log = TapLog(sys.argv[1], max_file_bytes=200_000, max_total_bytes=10_000_000)
+writer = TapWriter(log, scrub=scrub, queue_size=100_000, batch=8).start()
+body = json.dumps({"model": "t", "messages": [{"role": "user", "content": "x" * 3000}]}).encode()
+answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": "y" * 5000}, "finish_reason": "stop"}]}).encode()
+print("ready", flush=True)
+while True:
+    writer.submit(Exchange("chat", body, 200, [answer], time=time.time()))
+    time.sleep(0.0005)
+"""
+
+
+def test_sigkill_mid_write_leaves_only_whole_records(tmp_path: Path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, cwd=Path(__file__).parents[3])
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    files = sorted(tmp_path.glob("tap-*.jsonl"))
+    lines = [line for p in files for line in p.read_bytes().splitlines(keepends=True)]
+    assert len(lines) >= 2
+    for p in files[:-1]:
+        assert all(json.loads(line)["complete"] for line in p.read_bytes().splitlines())  # rotated files are whole
+    *whole, last = files[-1].read_bytes().splitlines(keepends=True)
+    assert all(json.loads(line)["answer"]["content"] == "y" * 5000 for line in whole)
+    if last.endswith(b"\n"):
+        json.loads(last)  # whole; a torn last line (no newline) is the record in flight, skipped by readers
+    # the next run writes a file of its own: the torn line stays last in the old one
+    log = TapLog(tmp_path, max_file_bytes=200_000, max_total_bytes=10_000_000)
+    writer = TapWriter(log, scrub=scrub).start()
+    writer.submit(Exchange("chat", b'{"model": "t", "messages": [{"role": "user", "content": "hi"}]}', 200, [b"{}"], time=time.time()))
+    writer.close()
+    assert log.path is not None and log.path not in files and len(log.path.read_bytes().splitlines()) == 1
