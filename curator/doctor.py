@@ -23,6 +23,7 @@ from curator.engines.draft import DraftLayout, read_draft, safetensors_files
 from curator.engines.draft_variant import check_variant
 from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
+from curator.http import public_url
 from training.errors import ModelMismatchError
 from training.eagle3.layouts import LAYOUTS
 from training.target.config import read_target_config
@@ -325,4 +326,7 @@ def diagnose(draft: str | Path, target: str | Path | None = None, store: str | P
         checks = [replace(c, status="error") if c.name == served_by and c.status == "warn" else c
                   for c in checks]
         checks.extend(check_launch(spec, layout, target, target_hidden))
-    return DoctorReport(checks=checks, launch_command=suggested_launch(layout, target, spec))
+    # a launch command may name a URL with its user:password (a model path, --dist-init-addr): the
+    # table and the command to copy name it without (the user puts the credential back in their shell)
+    return DoctorReport(checks=[replace(c, detail=public_url(c.detail)) for c in checks],
+                        launch_command=public_url(suggested_launch(layout, target, spec)))

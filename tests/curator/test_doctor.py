@@ -12,13 +12,13 @@ import torch
 from safetensors.torch import save_file
 
 from curator.cli import main
-from curator.doctor import diagnose, parse_launch
+from curator.doctor import Check, DoctorReport, diagnose, parse_launch
 
 H, HEADS, KV_HEADS, LAYERS, VOCAB, DRAFT_VOCAB = 64, 4, 2, 8, 300, 48
 LAYER_IDS = [2, 4, 5]  # SGLang's default [2, N//2, N-3] for N=8
 
 
-def write_target(root: Path, **overrides: int) -> Path:
+def write_target(root: Path, **overrides: object) -> Path:
     """A target model directory: only config.json matters to the doctor."""
     root.mkdir(parents=True, exist_ok=True)
     config = {"architectures": ["LlamaForCausalLM"], "hidden_size": H, "num_attention_heads": HEADS,
@@ -87,7 +87,7 @@ def write_speculators_export(root: Path, prefix: str = "layers.0.", verifier: st
     return root
 
 
-def sglang_cmd(target: Path, draft: Path, algo: str = "EAGLE3", steps: int = 3, topk: int = 1, ndt: int = 4) -> str:
+def sglang_cmd(target: Path | str, draft: Path | str, algo: str = "EAGLE3", steps: int = 3, topk: int = 1, ndt: int = 4) -> str:
     return (f"python -m sglang.launch_server --model-path {target} --tp 8 --speculative-algorithm {algo} "
             f"--speculative-draft-model-path {draft} --speculative-num-steps {steps} "
             f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {ndt} --port 30000")
@@ -361,7 +361,7 @@ def test_vllm_serve_export_takes_a_bare_hub_id_as_vllm_does(tmp_path: Path) -> N
     assert "verifier" not in {c.name for c in report.checks}
 
 
-def named(report, name: str):  # type: ignore[no-untyped-def]
+def named(report: DoctorReport, name: str) -> list[Check]:
     return [c for c in report.checks if c.name == name]
 
 
@@ -441,6 +441,23 @@ def test_the_doctor_never_echoes_a_launch_commands_credentials(
         out = capsys.readouterr()
         assert key not in out.out + out.err, launch
         assert written.split()[0].split("=")[0] in out.out and "[REDACTED]" in out.out  # the flag kept, to fill in
+
+
+@pytest.mark.parametrize("where", ["draft", "target", "flag"])
+def test_the_doctor_never_echoes_a_urls_password(
+    target: Path, good_draft: Path, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `user:pw@` URL in a --launch value was echoed in the table and the command to copy (issue 49 item 1)."""
+    url = "http://user:pw-Zq81x@host:5000/m"
+    launch = {"draft": sglang_cmd(target, url), "target": sglang_cmd(url, good_draft),
+              "flag": sglang_cmd(target, good_draft, algo="EAGLE") + f" --dist-init-addr {url}"}[where]
+    main(["doctor", "--draft", str(good_draft), "--model", str(target), "--launch", launch])
+    out = capsys.readouterr()
+    assert "pw-Zq81x" not in out.out + out.err and "user:" not in out.out + out.err
+    report = diagnose(good_draft, target, launch=launch)
+    assert not any("pw-Zq81x" in c.detail for c in report.checks) and "pw-Zq81x" not in report.launch_command
+    if where == "flag":  # the flag and its host stay in the command to copy
+        assert "--dist-init-addr http://host:5000/m" in out.out
 
 
 @pytest.mark.parametrize("field", ["num_hidden_layers", "hidden_size", "vocab_size"])
