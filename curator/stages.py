@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 
-from curator.catalog import Catalog, resolve_path
+from curator.catalog import ENV_VAR, Catalog, resolve_path
 from curator.errors import CatalogError
 from training.io.diskspace import DiskFullError
 
@@ -42,12 +42,27 @@ class Recorded(Generic[T]):
     result: T
     catalog_id: str | None
     warning: str | None
+    note: str | None = None  # why nothing was recorded, where that is no failure (no catalog was asked for)
+
+
+def unasked_default(catalog: CatalogRef) -> Path | None:
+    """Return ./catalog.duckdb when `catalog` names no catalog (None, and $CURATOR_CATALOG unset) and
+    there is none there: a stage then records nothing instead of leaving a new catalog file in
+    whatever folder it was run from. None when a catalog was named or the default one exists."""
+    if catalog is not None or os.environ.get(ENV_VAR):
+        return None
+    path = resolve_path(None)
+    return None if path.exists() else path
 
 
 def record_after(result: T, catalog: CatalogRef, record: Callable[[Catalog], str]) -> Recorded[T]:
     """Record a finished stage's `result` with `record` (given the open catalog, it returns the
     catalog id); a catalog failure becomes the returned warning, because the stage's output is
-    already complete on disk and must not be reported as a failure."""
+    already complete on disk and must not be reported as a failure. With no catalog named and none
+    at the default path, nothing is recorded and `note` says so."""
+    missing = unasked_default(catalog)
+    if missing is not None:
+        return Recorded(result, None, None, f"no catalog at {missing} (--catalog or ${ENV_VAR} names one)")
     try:
         with _open(catalog) as cat:
             catalog_id = record(cat)

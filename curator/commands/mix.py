@@ -20,6 +20,7 @@ from curator.ui import console, format_value, progress, stdout, summary_table
 
 if TYPE_CHECKING:  # pyarrow and the normalisers load when the command runs, not for its usage errors
     from curator.mix.build import SourceReport
+    from curator.catalog import Catalog
     from curator.mix.recipe import Recipe
 
 SUMMARY_COLUMNS = ("source", "format", "category", "quota", "read", "malformed", "filtered", "decontaminated",
@@ -58,7 +59,10 @@ def build_mix_command(
     ),
     name: str = typer.Option("catalog-mix", "--name", help="With --from-catalog: the mix's name."),
     seed: int = typer.Option(0, "--seed", help="With --from-catalog: the sampling seed."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
+    catalog: Optional[Path] = typer.Option(
+        None, "--catalog", help="Catalog file to record the mix in (default: $CURATOR_CATALOG, else ./catalog.duckdb "
+                                "where one exists: none is created unasked)."
+    ),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Target tokenizer folder, for --max-prompt-tokens."),
     max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", help="Drop prompts longer than this (target tokens)."),
     offline: bool = typer.Option(False, "--offline", help="No network: read Hub sources from the local datasets cache (HF_HUB_OFFLINE=1)."),
@@ -86,12 +90,13 @@ def build_mix_command(
     if recipe is not None:
         mix_recipe = load_recipe(recipe)  # a bad recipe fails before any catalog file is created
     else:
-        cat = Catalog.open(catalog)
+        cat = _existing_catalog(catalog, "--from-catalog builds from its approved candidates")
         mix_recipe = recipe_from_catalog(cat.approved_candidates(), name=name, seed=seed, target_samples=target_samples,
                                          served=_brief_traffic())
     licenses = None
     if mix_recipe.filters.licenses is not None:  # the license filter reads the datasets' licenses from the catalog
-        cat = cat if isinstance(cat, Catalog) else Catalog.open(catalog)
+        cat = cat if isinstance(cat, Catalog) else _existing_catalog(catalog, "the recipe's license filter reads "
+                                                                               "the datasets' licenses from it")
         licenses = licenses_from_catalog(cat, mix_recipe)
     with progress(TextColumn("{task.fields[status]}")) as bar:
         recorded = build_and_record_mix(
@@ -105,11 +110,22 @@ def build_mix_command(
             match=match,
             allow_outside_paths=allow_outside_paths,
         )
-    _render(recorded.result, out, recorded.catalog_id)
+    _render(recorded.result, out, recorded.catalog_id or (f"not recorded: {recorded.note}" if recorded.note else None))
     for line in heldout_warnings(mix_recipe, recorded.result):
         console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     if recorded.warning:  # the mix is complete on disk: a catalog failure is a warning, exit 0
         console.print(f"[yellow]warning:[/] {escape(recorded.warning)}")
+
+
+def _existing_catalog(catalog: Optional[Path], why: str) -> Catalog:
+    """Return the catalog a build needs before it starts; CatalogError, creating nothing, where there is none."""
+    from curator.catalog import Catalog, resolve_path
+    from curator.errors import CatalogError
+
+    path = resolve_path(catalog)
+    if not path.exists():
+        raise CatalogError(f"no catalog at {path} ({why}): run `curator scout` first, or pass --catalog FILE")
+    return Catalog.open(path)
 
 
 def _brief_traffic() -> dict[str, str]:

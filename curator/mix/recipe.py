@@ -6,26 +6,47 @@ dedup, seed), so that the same file always builds the same bytes.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from curator.errors import ConfigError
 from curator.rows.formats import ALIASES, NORMALISERS
 from curator.traffic.schema import CATEGORIES, serves
 from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
 
-# Built from the normalisers themselves, so that every format docs/generation.md documents is one
-# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py).
-FORMAT_NAMES = ("auto", *sorted({*NORMALISERS, *ALIASES}))
-FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
 TRAFFIC_FORMAT = "traffic"
+TAP_FORMAT = "tap"  # `curator tap` logs: requests with the target's own answers (curator/mix/tap_source.py)
+# Built from the normalisers themselves, so that every format docs/generation.md documents is one
+# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py), and the tap's records.
+FORMAT_NAMES = ("auto", *sorted({*NORMALISERS, *ALIASES, TAP_FORMAT}))
+FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
 REMOVED_KEYS = {
     "allow_outside_paths": "a recipe cannot widen what it may read: the person running the build decides, "
                            "with `curator build-mix --allow-outside-paths`",
 }
+
+
+def _no_bool(value: Any) -> Any:
+    # pydantic takes YAML's `true` as the integer 1 (`samples: true` would quietly mean one row)
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a number; give a count such as 1000")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_no_bool)]
 
 
 class _Strict(BaseModel):
@@ -43,7 +64,7 @@ class _Location(_Strict):
     data_files: str | list[str] | None = None
     revision: str | None = None
     format: FormatName = "auto"
-    scan: int | None = Field(None, gt=0, description="read at most this many rows (shuffled shards) instead of all")
+    scan: Count | None = Field(None, gt=0, description="read at most this many rows (shuffled shards) instead of all")
     streaming: bool = True
 
     @model_validator(mode="after")
@@ -68,7 +89,7 @@ class SourceSpec(_Location):
     """One source of the mix. A `format: traffic` source is the target's own request log: each row's
     category comes from the traffic classifier, and `heldout` keeps conversations out for evaluation."""
 
-    samples: int = Field(gt=0)
+    samples: Count = Field(gt=0)
     category: str = "general"
     traffic: str | None = Field(
         None, description="the traffic category this source's category serves (agentic, code, reasoning, chat); "
@@ -150,8 +171,8 @@ class DedupSpec(_Strict):
 class FilterSpec(_Strict):
     """Prompt filters applied to every source."""
 
-    max_prompt_chars: int | None = Field(200_000, gt=0)
-    max_prompt_tokens: int | None = Field(None, gt=0, description="needs a tokenizer (build-mix --tokenizer)")
+    max_prompt_chars: Count | None = Field(200_000, gt=0)
+    max_prompt_tokens: Count | None = Field(None, gt=0, description="needs a tokenizer (build-mix --tokenizer)")
     licenses: list[str] | None = Field(None, description="allow-list; sources with another or unknown license are skipped")
 
 
@@ -160,11 +181,11 @@ class Recipe(_Strict):
 
     name: str = Field(min_length=1)
     description: str | None = None
-    seed: int = 0
+    seed: Count = 0
     sources: list[SourceSpec] = Field(min_length=1)
     dedup: DedupSpec = DedupSpec()
     filters: FilterSpec = FilterSpec()
-    rows_per_part: int = Field(50_000, gt=0)
+    rows_per_part: Count = Field(50_000, gt=0)
     decontaminate: list[DecontamSpec] = Field(default_factory=list)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _from_file: bool = PrivateAttr(default=False)
@@ -249,9 +270,35 @@ def recipe_from_dict(data: Any, where: str = "recipe") -> Recipe:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{_loc(tuple(err['loc']))}: {msg}")
+            loc = tuple(err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key" + _did_you_mean(loc)
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{_loc(loc)}: {msg}")
         raise ConfigError(f"{where}: " + "; ".join(problems)) from None
+
+
+# The model a key at each place of a recipe belongs to (list positions left out of the path).
+_MODELS: dict[tuple[str, ...], type[BaseModel]] = {
+    (): Recipe, ("sources",): SourceSpec, ("decontaminate",): DecontamSpec, ("dedup",): DedupSpec,
+    ("filters",): FilterSpec,
+}
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """Return "; did you mean `samples`?" for a misspelt key (`sampels`), else "" (with the keys the
+    place takes when the key is like none of them)."""
+    if not loc or not isinstance(loc[-1], str):
+        return ""
+    model = _MODELS.get(tuple(part for part in loc[:-1] if isinstance(part, str)))
+    if model is None:
+        return ""
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(loc[-1].lower().replace("-", "_"), known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean `{close[0]}`?"
+    return f" (keys here: {', '.join(known)})"
 
 
 def load_recipe(path: str | Path) -> Recipe:

@@ -175,6 +175,41 @@ def test_build_mix_with_a_working_catalog_prints_the_recorded_mix_id(tmp_path: P
     assert mix_id in printed.out and "warning" not in printed.err
 
 
+def test_build_mix_asked_for_no_catalog_creates_none_in_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = _recipe(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("CURATOR_CATALOG", raising=False)
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(tmp_path / "mix")]) == 0
+    printed = capsys.readouterr()
+    assert list(work.iterdir()) == [] and read_manifest(tmp_path / "mix")["rows"] == 12
+    assert "not recorded: no catalog at catalog.duckdb" in " ".join(printed.out.split()) and "warning" not in printed.err
+    # one already there (a scout's) is the default one, and gets the mix
+    Catalog.open(work / "catalog.duckdb")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(tmp_path / "mix")]) == 0
+    assert _rows(work / "catalog.duckdb", "SELECT name FROM mixes") == [("stage-mix",)]
+    # $CURATOR_CATALOG names one: it is created where it points
+    monkeypatch.setenv("CURATOR_CATALOG", str(tmp_path / "env.duckdb"))
+    assert main(["build-mix", "--recipe", str(recipe), "--out", str(tmp_path / "mix")]) == 0
+    assert _rows(tmp_path / "env.duckdb", "SELECT name FROM mixes") == [("stage-mix",)]
+
+
+def test_build_mix_from_a_catalog_that_does_not_exist_is_an_error_that_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CURATOR_CATALOG", raising=False)
+    assert main(["build-mix", "--from-catalog", "--out", str(tmp_path / "mix")]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("error: no catalog at catalog.duckdb (--from-catalog builds from its approved candidates)")
+    assert main(["build-mix", "--from-catalog", "--out", "mix", "--catalog", str(tmp_path / "named.duckdb")]) == 1
+    assert f"no catalog at {tmp_path / 'named.duckdb'}" in " ".join(capsys.readouterr().err.split())
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- generate ------------------------------------------------------------------------------------------
 
 
@@ -222,6 +257,17 @@ def test_generate_whose_catalog_refuses_the_record_exits_0_with_a_warning(
     err = " ".join(capsys.readouterr().err.split())
     assert code == 0 and "warning:" in err and "not recorded in the catalog" in err and str(catalog) in err
     assert (tmp_path / "gen" / "shard-00000.jsonl").exists()
+
+
+def test_a_generation_run_asked_for_no_catalog_creates_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_generate(monkeypatch)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("CURATOR_CATALOG", raising=False)
+    recorded = generate_and_record(_generate_config(tmp_path), None)
+    assert (recorded.catalog_id, recorded.warning) == (None, None) and recorded.note is not None
+    assert list(work.iterdir()) == [] and recorded.result.run_id == "gen-run-1"
 
 
 # -- train ---------------------------------------------------------------------------------------------

@@ -41,6 +41,30 @@ def test_unknown_key_is_an_error_naming_key_and_file(tmp_path):
     assert str(path) in str(err.value) and "sources[0].formt: unknown key" in str(err.value)
 
 
+def test_a_misspelt_key_gets_a_did_you_mean_at_every_level(tmp_path):
+    path = _write(tmp_path, "name: x\nsede: 3\nsources:\n  - path: a.jsonl\n    sampels: 5\n    keep_response: true\n"
+                            "dedup: {neer: 0.9}\nfilters: {max_prompt_char: 10}\n")
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    msg = str(err.value)
+    for typo, key in (("sede", "seed"), ("sources[0].sampels", "samples"), ("sources[0].keep_response", "keep_responses"),
+                      ("dedup.neer", "near"), ("filters.max_prompt_char", "max_prompt_chars")):
+        assert f"{typo}: unknown key; did you mean `{key}`?" in msg
+    path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: 5\n    colour: blue\n")
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.colour: unknown key \(keys here: dataset, path, "):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize("key, text", [("samples", "samples: true"), ("scan", "samples: 5\n    scan: true"),
+                                       ("seed", "samples: 5\nseed: false")])
+def test_a_boolean_is_no_count(tmp_path, key, text):
+    path = _write(tmp_path, f"name: x\nsources:\n  - path: a.jsonl\n    {text}\n")
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    assert f"{key}: " in str(err.value) and "is not a number; give a count such as 1000" in str(err.value)
+    assert "Value error" not in str(err.value)
+
+
 def test_bad_values_are_errors_naming_the_key(tmp_path):
     path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: -1\n    format: csv\ndedup: {near: 1.5}\n")
     with pytest.raises(ConfigError) as err:
