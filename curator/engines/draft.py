@@ -4,7 +4,6 @@ engines' launch checks see it. Nothing is loaded onto a device; only the safeten
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from curator.errors import ConfigError
 from training.eagle3.layouts import Layout, layout_of
 from training.eagle3.layouts.base import provenance
 from training.errors import ModelMismatchError
+from training.io.jsonfile import JSONFileError, read_json
 
 
 @dataclass
@@ -112,11 +112,11 @@ def read_draft(path: str | Path) -> DraftLayout:
         raise ConfigError(f"draft directory {root} does not exist (give the output of `curator export`)")
     config_path = root / "config.json"
     try:
-        config = json.loads(config_path.read_text())
+        config = read_json(config_path)
     except FileNotFoundError:
         raise ConfigError(f"{config_path} is missing: {root} is not an exported draft") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{config_path} is not valid JSON ({exc})") from None
+    except JSONFileError as exc:  # not JSON, an integer of 5,000 digits, nesting 100K deep
+        raise ConfigError(str(exc)) from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path} is not a JSON object: {root} is not an exported draft")
     shapes: dict[str, tuple[int, ...]] = {}

@@ -537,3 +537,23 @@ def test_load_draft_refuses_a_layer_count_no_engine_serves(tmp_path: Path) -> No
     draft = write_sglang_export(tmp_path / "d", config={"num_hidden_layers": 1000000})
     with pytest.raises(ModelMismatchError, match="num_hidden_layers=1000000"):
         load_draft(draft)
+
+
+HOSTILE_JSON = {"a 5,000-digit integer": '{"hidden_size": ' + "9" * 5000 + "}",
+                "nesting 100K deep": "[" * 100_000 + "]" * 100_000}
+
+
+@pytest.mark.parametrize("text", HOSTILE_JSON.values(), ids=HOSTILE_JSON.keys())
+@pytest.mark.parametrize("whose", ["draft", "target"])
+def test_a_config_json_python_cannot_parse_is_a_named_refusal(
+        tmp_path: Path, target: Path, good_draft: Path, text: str, whose: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both once ended in "unexpected ValueError/RecursionError ... please report it" (issue 49 item 8)."""
+    from training.eagle3.load import load_draft
+    from training.errors import TrainingError
+
+    (good_draft if whose == "draft" else target).joinpath("config.json").write_text(text)
+    assert main(["doctor", "--draft", str(good_draft), "--model", str(target)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "config.json is not valid JSON" in err and "unexpected" not in err and "report" not in err, err
+    with pytest.raises(TrainingError, match="config.json is not valid JSON"):  # what `curator eval` loads first
+        load_draft(good_draft, target)

@@ -3,7 +3,6 @@ mode). What `curator eval`, the doctor's checks of values and `init_from` all lo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from training.eagle3.layouts.base import provenance
 from training.eagle3.model import Eagle3Draft
 from training.eagle3.weights import check_servable
 from training.errors import ModelMismatchError, TrainingError
+from training.io.jsonfile import JSONFileError, read_json
 from training.io.weights import read_weights
 from training.target.config import read_target_config
 from training.target.head import load_embeddings
@@ -24,9 +24,9 @@ def read_export_config(export_dir: str | Path) -> dict[str, Any]:
     """Return an export's config.json as a dict; TrainingError when it is missing or not a JSON object."""
     root = Path(export_dir)
     try:
-        config = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TrainingError(f"{root} is not an exported draft (config.json unreadable: {exc})") from exc
+        config = read_json(root / CONFIG_FILE)
+    except (OSError, JSONFileError) as exc:  # JSONFileError: also a 5,000-digit integer or nesting 100K deep
+        raise TrainingError(f"{root} is not an exported draft ({exc})") from None
     if not isinstance(config, dict):
         raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
     return config

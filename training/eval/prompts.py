@@ -4,7 +4,6 @@ spreading a limit over categories.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 from training.eagle3.layouts.base import provenance
 from training.errors import TrainingError
 from training.feed.batches import split_eval
+from training.io.jsonfile import JSONFileError, parse_json, read_json
 from training.storage.index import read_index
 
 
@@ -65,7 +65,7 @@ def load_prompt_file(path: str | Path) -> tuple[list[EvalPrompt], int]:
             prompts.append(EvalPrompt(id=f"{path.stem}-{i}", messages=[{"role": "user", "content": line}]))
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)  # ValueError also for a 5,000-digit integer or nesting 100K deep
             messages = row.get("messages")
             if messages is None and isinstance(row.get("prompt"), str):
                 messages = [{"role": "user", "content": row["prompt"]}]
@@ -78,7 +78,7 @@ def load_prompt_file(path: str | Path) -> tuple[list[EvalPrompt], int]:
                 raise ValueError("no user turn")
             prompts.append(EvalPrompt(id=str(row.get("id", f"{path.stem}-{i}")), messages=messages,
                                       category=str(row.get("category") or "")))
-        except (json.JSONDecodeError, ValueError, AttributeError):
+        except (ValueError, AttributeError):
             malformed += 1
     return prompts, malformed
 
@@ -148,16 +148,18 @@ def held_out_split(draft_dir: str | Path) -> HeldOutSplit:
     """
     config_path = Path(draft_dir) / "config.json"
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = read_json(config_path)
         if not isinstance(config, dict):
             raise TypeError("not a JSON object")
-    except (OSError, json.JSONDecodeError, TypeError) as exc:
+    except (OSError, JSONFileError, TypeError) as exc:
         raise TrainingError(f"{config_path} is unreadable ({exc}); re-export the draft with curator export") from None
     record = provenance(config)
     ckpt = str(record.get("checkpoint") or "")
     try:
-        meta = json.loads((Path(ckpt) / "meta.json").read_text(encoding="utf-8")) if ckpt else {}
-    except (OSError, json.JSONDecodeError):
+        meta = read_json(Path(ckpt) / "meta.json") if ckpt else {}
+    except (OSError, JSONFileError):
+        meta = {}
+    if not isinstance(meta, dict):
         meta = {}
     split = record.get("split") or meta.get("split")
     if not isinstance(split, dict):  # checkpoints written before the split was recorded on its own

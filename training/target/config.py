@@ -9,11 +9,11 @@ reader flattens the nested block and keeps the outer fields that describe the wh
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from training.errors import TrainingError
+from training.io.jsonfile import JSONFileError, read_json
 
 NESTED_KEYS = ("text_config", "language_config", "llm_config")
 OUTER_KEYS = ("architectures", "_name_or_path", "tie_word_embeddings", "torch_dtype")
@@ -49,11 +49,11 @@ def read_target_config(source: str | Path, required: tuple[str, ...] = REQUIRED)
     """
     path = config_path(source)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json(path)
     except FileNotFoundError as exc:
         raise TrainingError(f"{source}: no config.json; pass the target's local model directory or its config.json") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TrainingError(f"{path} is not a readable JSON config ({exc})") from exc
+    except (OSError, JSONFileError) as exc:  # JSONFileError: also a 5,000-digit integer or nesting 100K deep
+        raise TrainingError(f"{path} is not a readable JSON config ({exc})") from None
     if not isinstance(cfg, dict):
         raise TrainingError(f"{path} is not a config dict")
     text = text_part(cfg)
