@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pyarrow and the normalisers load when the command runs, not
     from curator.catalog import Catalog
     from curator.mix.recipe import Recipe
 
-SUMMARY_COLUMNS = ("source", "format", "category", "quota", "read", "malformed", "filtered", "decontaminated",
+SUMMARY_COLUMNS = ("source", "format", "category", "quota", "read", "examined", "malformed", "filtered", "decontaminated",
                    "duplicates", "held out", "kept", "shortfall")
 _MANIFEST_KEYS = {"held out": "heldout"}
 
@@ -176,7 +176,9 @@ class Records:
 
 def summary_rows(manifest: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Return the build table's columns and rows (a source per row, then the total); held out only when used."""
-    columns = [c for c in SUMMARY_COLUMNS if c != "held out" or manifest["total"].get("heldout")]
+    # a manifest written before `examined` was recorded has none: its column stays out
+    columns = [c for c in SUMMARY_COLUMNS if (c != "held out" or manifest["total"].get("heldout"))
+               and (c != "examined" or "examined" in manifest["total"])]
     rows = []
     for s in [*manifest["sources"], {**manifest["total"], "name": "total", "format": "", "category": ""}]:
         rows.append([s["name"], *(s.get(_MANIFEST_KEYS.get(c, c)) for c in columns[1:])])
@@ -186,12 +188,18 @@ def summary_rows(manifest: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 def _render(manifest: dict, out: Path, mix_id: str | None) -> None:
     columns, rows = summary_rows(manifest)
     stdout.print(Records(columns, rows, f"mix {manifest['name']}"))
+    partly = [s for s in manifest["sources"] if s.get("unsampled") and "examined" in s]
+    if partly:
+        stdout.print(Text(f"malformed, filtered, decontaminated and duplicates count the rows examined to fill the "
+                          f"quotas, not every row read: {_examined(partly)}; another quota examines other rows."))
     for s in manifest["sources"]:
         if s["skipped"]:
             console.print(f"[yellow]skipped {escape(str(s['name']))}:[/] {escape(str(s['skipped']))}")
-        if s["malformed_reasons"]:
-            reasons = ", ".join(f"{k} ({v:,})" for k, v in s["malformed_reasons"].items())
-            console.print(f"[yellow]malformed in {escape(str(s['name']))}:[/] {escape(reasons)}", highlight=False)
+        of = f" (of {s['examined']:,} examined)" if s.get("unsampled") and "examined" in s else ""
+        for what in ("malformed", "filtered"):
+            if s.get(f"{what}_reasons"):
+                reasons = ", ".join(f"{k} ({v:,})" for k, v in s[f"{what}_reasons"].items())
+                console.print(f"[yellow]{what} in {escape(str(s['name']))}{of}:[/] {escape(reasons)}", highlight=False)
     if manifest["duplicates"]:
         stdout.print(Records(("kept from", "dropped from", "exact", "near"),
                              [(d["kept_source"], d["dropped_source"], d["exact"], d["near"]) for d in manifest["duplicates"]],
@@ -209,6 +217,11 @@ def _render(manifest: dict, out: Path, mix_id: str | None) -> None:
         held = manifest["heldout"]
         written.append(("held-out split", f"{out / held['folder']} ({held['rows']:,} rows, {held['conversations']:,} conversations)"))
     stdout.print(summary_table("written", written))
+
+
+def _examined(sources: Sequence[dict[str, Any]]) -> str:
+    shown = [f"{s['name']} {s['examined']:,} of {s['read']:,}" for s in sources[:3]]
+    return ", ".join(shown) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
 
 
 def _render_match(match: dict[str, Any]) -> None:

@@ -52,7 +52,12 @@ _EXCLUDED_KEY = 1 << 65  # past every 64-bit sampling key: held-out rows are wal
 @dataclass
 class SourceReport:
     """What happened to one source's rows:
-    read = malformed + filtered + decontaminated + duplicates + heldout + kept + unsampled."""
+    read = malformed + filtered + decontaminated + duplicates + heldout + kept + unsampled.
+
+    Only the rows the sample's walk reaches are examined (normalised, filtered, deduplicated), so
+    malformed, filtered, decontaminated and duplicates count the `examined` rows, not every row read:
+    a larger quota examines more rows and may find more. Held-out rows are counted over the whole source.
+    """
 
     name: str
     spec: SourceSpec
@@ -85,6 +90,11 @@ class SourceReport:
         return max(0, self.quota - self.kept)
 
     @property
+    def examined(self) -> int:
+        """Return the rows whose fate the sample decided (the rows the other counts are over)."""
+        return self.malformed + self.filtered + self.decontaminated + self.duplicates + self.kept
+
+    @property
     def unsampled(self) -> int:
         return (self.read - self.malformed - self.filtered - self.decontaminated - self.duplicates - self.heldout
                 - self.kept)
@@ -112,6 +122,7 @@ class SourceReport:
             "recipe_quota": spec.samples,
             "quota": self.quota,
             "read": self.read,
+            "examined": self.examined,
             "malformed": self.malformed,
             "filtered": self.filtered,
             "decontaminated": self.decontaminated,
@@ -562,7 +573,7 @@ def _manifest(
     matched: MatchPlan | None,
     match: str | Path | None,
 ) -> dict[str, Any]:
-    keys = ("quota", "read", "malformed", "filtered", "decontaminated", "duplicates", "heldout", "kept", "shortfall",
+    keys = ("quota", "read", "examined", "malformed", "filtered", "decontaminated", "duplicates", "heldout", "kept", "shortfall",
             "unsampled")
     sources = [r.to_dict() for r in reports]
     total = {k: sum(s[k] for s in sources) for k in keys}
