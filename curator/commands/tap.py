@@ -38,6 +38,7 @@ def tap_command(
     max_file_mb: float = typer.Option(64.0, "--max-file-mb", min=0.001, help="A new file once the current one would pass this size."),
     max_total_mb: float = typer.Option(1024.0, "--max-total-mb", min=0.001, help="The oldest files are removed while the log passes this size."),
     queue_size: int = typer.Option(1024, "--queue", min=1, help="Records waiting for the writer at most; past it a record is dropped (counted), never the request."),
+    scrub_processes: int = typer.Option(1, "--scrub-processes", min=1, help="Processes scrubbing records (about 50 records/s of 20 KB each); more where records are dropped for a full queue and cores are free."),
     stats_every: float = typer.Option(60.0, "--stats-every", min=0.0, help="Seconds between console lines of the tap's counters (0: none)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sampling (default: random)."),
 ) -> None:
@@ -57,7 +58,7 @@ def tap_command(
         raise ConfigError("--max-total-mb must be at least --max-file-mb")
     lock = OutputLock(out, LOCK_NAME, "curator tap").acquire()
     log = TapLog(out, max_file_bytes=int(max_file_mb * MB), max_total_bytes=int(max_total_mb * MB))
-    writer = TapWriter(log, scrub=scrub, caps=caps, queue_size=queue_size).start()
+    writer = TapWriter(log, scrub=scrub, caps=caps, queue_size=queue_size, processes=scrub_processes).start()
 
     def listening(h: str, p: int) -> None:
         console.print(f"tap: http://{h}:{p} -> {public_url(root)}, recording {rate:g} of chat/completions requests into {out}"
@@ -70,7 +71,8 @@ def tap_command(
         while not stop.wait(stats_every):
             s = proxy.stats()
             console.print(f"tap: {s['requests']} requests, {s.get('recorded', 0)} recorded, {s.get('dropped_queue_full', 0)} dropped (queue full), "
-                          f"{s.get('dropped_write_error', 0)} dropped (write errors), {s.get('incomplete', 0)} incomplete")
+                          f"{s.get('dropped_write_error', 0)} dropped (write errors), {s.get('dropped_scrub_timeout', 0)} dropped (scrub too slow), "
+                          f"{s.get('incomplete', 0)} incomplete")
 
     if stats_every > 0:
         threading.Thread(target=report, daemon=True).start()

@@ -1,5 +1,6 @@
-"""The tap's writer: records leave the request path through a bounded queue to one thread that
-scrubs, samples by category and appends them to size-rotated JSONL files bounded in total disk.
+"""The tap's writer: records leave the request path through a bounded queue to a thread that has a
+child process scrub them and sample them by category (curator/tap/maker.py: off the proxy's GIL,
+each record bounded in time), then appends them to size-rotated JSONL files bounded in total disk.
 
 Each record is one `os.write` of one whole line to a file opened O_APPEND, and the batch it
 belongs to (whatever the queue held, at most `batch` records) is fsynced before the next: a
@@ -11,7 +12,6 @@ requests never wait for any of it. A full queue drops the record and counts it.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from curator.tap.record import Exchange, Unreadable, build_record, classify_input, parse_request, utc_iso
-from curator.traffic.classify import classify
+from curator.tap.maker import MakerProcess, Memo, TimedOut, make_line
+from curator.tap.record import Exchange, utc_iso
 
 PREFIX = "tap-"
 SUFFIX = ".jsonl"
@@ -103,25 +103,38 @@ class TapLog:
 
 
 class TapWriter:
-    """The queue and the thread between the proxy and a TapLog. `submit` never blocks."""
+    """The queue, the threads and the scrub processes between the proxy and a TapLog. `submit` never blocks.
+
+    Each of `processes` lanes is a thread that takes a batch from the queue, has its own child
+    process make the records (curator/tap/maker.py: off the proxy's GIL, bounded in time) and
+    appends them to the log. `processes=0` makes them on the lane's thread instead (one lane)."""
 
     def __init__(self, log: TapLog, *, scrub: Callable[[str], str], caps: Mapping[str, int] | None = None,
-                 queue_size: int = 1024, batch: int = 64, retry_s: float = 30.0) -> None:
+                 queue_size: int = 1024, batch: int = 64, retry_s: float = 30.0, processes: int = 1,
+                 limit_s: float | None = None) -> None:
+        if processes < 0:
+            raise ValueError("processes must be 0 or more")
         self.log = log
         self.scrub = scrub
         self.caps = dict(caps or {})
         self.batch = batch
         self.retry_s = retry_s
+        self.limit_s = limit_s  # None: maker.limit_s, by the record's size
         self.stats: Counter[str] = Counter()
         self.per_category: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._queue: queue.Queue[Exchange | None] = queue.Queue(maxsize=queue_size)
         self._paused_until = 0.0
         self.last_error: str | None = None
-        self._thread = threading.Thread(target=self._run, name="curator-tap-writer", daemon=True)
+        self._memo = Memo(scrub) if processes == 0 else None
+        self._makers = [MakerProcess(scrub, name=f"curator-tap-scrub-{n}") for n in range(processes)]
+        self._threads = [threading.Thread(target=self._run, args=(maker,), name=f"curator-tap-writer-{n}", daemon=True)
+                         for n, maker in enumerate(self._makers or [None])]
 
     def start(self) -> TapWriter:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def count(self, key: str, n: int = 1) -> None:
@@ -146,71 +159,86 @@ class TapWriter:
         return out
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (up to `timeout`), then stop the thread and close the file."""
-        while True:
+        """Write what is queued (up to `timeout`), then stop the threads and processes and close the file."""
+        deadline = time.monotonic() + timeout
+        for _ in self._threads:
             try:
-                self._queue.put(None, timeout=timeout)
-                break
+                self._queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
             except queue.Full:
-                return
-        self._thread.join(timeout)
-        self.log.close()
+                break
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for maker in self._makers:
+            if not any(t.is_alive() for t in self._threads):
+                maker.close()
+            else:  # a lane still busy past the timeout: its child goes now, the thread is a daemon
+                maker.kill()
+        with self._write_lock:
+            self.log.close()
 
-    def _line(self, exchange: Exchange) -> bytes | None:
-        try:
-            request = parse_request(exchange.request)
-            if self.caps:
-                category = classify(*classify_input(exchange.endpoint, request)).category
-                cap = self.caps.get(category)
-                with self._lock:
-                    if cap is not None and self.per_category[category] >= cap:
-                        self.stats["dropped_cap"] += 1
-                        return None
-                    self.per_category[category] += 1
-            record = build_record(exchange, request, self.scrub)
-        except Unreadable:
+    def _full(self) -> set[str]:
+        with self._lock:
+            return {c for c, cap in self.caps.items() if self.per_category[c] >= cap}
+
+    def _make(self, exchange: Exchange, maker: MakerProcess | None) -> bytes | None:
+        """Return the exchange's line, or None (counted: unreadable, capped, an error, a time-out)."""
+        categorize = bool(self.caps)
+        if maker is None:
+            assert self._memo is not None
+            made = make_line(exchange, self._memo, categorize=categorize, full=self._full())
+        else:
+            try:
+                made = maker.make(exchange, categorize=categorize, full=self._full(), limit=self.limit_s)
+            except TimedOut as exc:
+                self.count("dropped_scrub_timeout")
+                self.last_error = str(exc)
+                return None
+        if made.unreadable:
             self.count("unreadable")
             return None
-        if not record["complete"]:
+        if made.error is not None:
+            self.count("record_errors")
+            self.last_error = made.error
+            return None
+        if made.category is not None:
+            with self._lock:
+                cap = self.caps.get(made.category)
+                if made.capped or (cap is not None and self.per_category[made.category] >= cap):
+                    self.stats["dropped_cap"] += 1
+                    return None
+                self.per_category[made.category] += 1
+        if not made.complete:
             self.count("incomplete")
-        return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8", "backslashreplace")  # a lone surrogate becomes its JSON escape
+        return made.line
 
-    def _run(self) -> None:
+    def _run(self, maker: MakerProcess | None) -> None:
         stop = False
         while not stop:
             item = self._queue.get()
             items = [item]
-            while len(items) < self.batch:
+            while item is not None and len(items) < self.batch:
                 try:
-                    items.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            if None in items:
-                stop = True
+                items.append(item)
+            stop = items[-1] is None  # one None per lane: this lane takes its own and no more
             exchanges = [e for e in items if e is not None]
             if not exchanges:
                 continue
             if time.monotonic() < self._paused_until:
                 self.count("dropped_write_error", len(exchanges))
                 continue
-            lines: list[bytes] = []
-            for exchange in exchanges:
-                try:
-                    line = self._line(exchange)
-                except Exception as exc:  # a record this module cannot make is counted; the tap goes on
-                    self.count("record_errors")
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    continue
-                if line is not None:
-                    lines.append(line)
+            lines = [line for line in (self._make(e, maker) for e in exchanges) if line is not None]
             if not lines:
                 continue
-            try:
-                self.log.write(lines)
-            except OSError as exc:
-                self._paused_until = time.monotonic() + self.retry_s
-                self.count("dropped_write_error", len(lines))
-                self.count("write_errors")
-                self.last_error = f"{exc.strerror or exc} (recording paused {self.retry_s:g} s)"
-                continue
+            with self._write_lock:
+                try:
+                    self.log.write(lines)
+                except OSError as exc:
+                    self._paused_until = time.monotonic() + self.retry_s
+                    self.count("dropped_write_error", len(lines))
+                    self.count("write_errors")
+                    self.last_error = f"{exc.strerror or exc} (recording paused {self.retry_s:g} s)"
+                    continue
             self.count("recorded", len(lines))

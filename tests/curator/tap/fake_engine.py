@@ -154,7 +154,8 @@ class FakeEngine:
                 event({"id": "c", "choices": [c]})
                 await writer.drain()
             last: dict[str, Any] = {"index": 0, "finish_reason": "tool_calls" if chat and tools else "stop"}
-            last.update({"delta": {}} if chat else {"text": ""})
+            end: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
+            last.update(end)
             event({"id": "c", "choices": [last], "usage": {"prompt_tokens": 3, "completion_tokens": len(pieces)}})
             event(b"[DONE]")
             writer.write(b"0\r\n\r\n")
