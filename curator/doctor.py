@@ -25,6 +25,7 @@ from curator.engines.launch_checks import check_launch, suggested_launch
 from curator.errors import ConfigError
 from curator.http import public_url
 from training.errors import ModelMismatchError
+from training.eagle3.config_check import rope_measurable, size_problems
 from training.eagle3.layouts import LAYOUTS
 from training.target.config import read_target_config
 
@@ -56,12 +57,19 @@ def check_layout(layout: DraftLayout) -> list[Check]:
         return [Check("architecture", "error", f"architectures={archs!r}: expected {known}; re-export the checkpoint")]
     lay = layout.layout
     checks.append(Check("architecture", "ok", f"{archs[0] if archs else lay.name} ({lay.name} layout)"))
+    # the check load_draft (so `curator eval`) makes of the same export: what one refuses, the other does
     checks += [Check(f"{lay.name} config", "error", problem) for problem in lay.config_problems(layout.config)]
+    checks += [Check("tensors", "error", problem) for problem in lay.tensor_problems(layout.config, layout.tensors)]
+    if not rope_measurable(layout.decoder_config.get("rope_scaling")):
+        checks.append(Check("rope", "warn", f"the engines build rope_scaling {layout.decoder_config['rope_scaling']!r}, "
+                                            "but curator eval's draft does not: its acceptance cannot be measured here"))
 
     h, vocab, dvocab = layout.hidden_size, layout.vocab_size, layout.draft_vocab_size
     missing_cfg = [n for n, v in (("hidden_size", h), ("vocab_size", vocab), ("draft_vocab_size", dvocab)) if v is None]
     if missing_cfg or h is None or vocab is None or dvocab is None:
         return [*checks, Check("config fields", "error", f"config.json lacks {', '.join(missing_cfg)}")]
+    if size_problems(layout.decoder_config, layout.config):
+        return checks  # said above; nothing below can be worked out from sizes no draft has
 
     shapes = layout.shapes
     # d2t/t2d belong only to a draft vocabulary smaller than the target's (vLLM refuses them otherwise)

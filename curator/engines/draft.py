@@ -4,7 +4,7 @@ engines' launch checks see it. Nothing is loaded onto a device; only the safeten
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ class DraftLayout:
     layout: Layout | None
     config: dict[str, Any]
     shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str] = field(default_factory=dict)  # safetensors header dtypes ("BF16", "I64", "BOOL")
 
     @property
     def fmt(self) -> str:
@@ -35,6 +36,11 @@ class DraftLayout:
     def decoder_config(self) -> dict[str, Any]:
         """Return the config block that describes the draft's decoder layer."""
         return self.layout.decoder_config(self.config) if self.layout else {}
+
+    @property
+    def tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Return {file name: (shape, safetensors dtype)}, what Layout.tensor_problems judges."""
+        return {k: (shape, self.dtypes.get(k, "")) for k, shape in self.shapes.items()}
 
     @property
     def hidden_size(self) -> int | None:
@@ -120,16 +126,18 @@ def read_draft(path: str | Path) -> DraftLayout:
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path} is not a JSON object: {root} is not an exported draft")
     shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, str] = {}
     for file, handle in safetensors_files(root):
         for key in handle.keys():
-            shapes[key] = tuple(handle.get_slice(key).get_shape())
+            tensor = handle.get_slice(key)
+            shapes[key], dtypes[key] = tuple(tensor.get_shape()), str(tensor.get_dtype())
     if not shapes:
         raise ConfigError(f"no *.safetensors weights in {root}")
     try:
         layout: Layout | None = layout_of(config)
     except ModelMismatchError:
         layout = None
-    return DraftLayout(path=root, layout=layout, config=config, shapes=shapes)
+    return DraftLayout(path=root, layout=layout, config=config, shapes=shapes, dtypes=dtypes)
 
 
 def safetensors_files(root: Path) -> Any:

@@ -557,3 +557,50 @@ def test_a_config_json_python_cannot_parse_is_a_named_refusal(
     assert "config.json is not valid JSON" in err and "unexpected" not in err and "report" not in err, err
     with pytest.raises(TrainingError, match="config.json is not valid JSON"):  # what `curator eval` loads first
         load_draft(good_draft, target)
+
+
+def _int8(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: (v.to(torch.int8) if v.is_floating_point() else v) for k, v in tensors.items()}
+
+
+BROKEN_DRAFTS: dict[str, tuple[dict, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None, str]] = {
+    "heads that do not divide the width": ({"num_attention_heads": 3, "num_key_value_heads": 1}, None, "not divisible"),
+    "kv heads that do not divide the heads": ({"num_key_value_heads": 3}, None, "not a multiple"),
+    "a yarn factor of 1e30": ({"rope_scaling": {"rope_type": "yarn", "factor": 1e30}}, None, "factor 1e+30"),
+    "a linear factor of 1e30": ({"rope_scaling": {"rope_type": "linear", "factor": 1e30}}, None, "factor 1e+30"),
+    "rms_norm_eps NaN": ({"rms_norm_eps": float("nan")}, None, "rms_norm_eps=nan"),
+    "torch_dtype evil": ({"torch_dtype": "evil"}, None, "torch_dtype='evil'"),
+    "max_position_embeddings -1": ({"max_position_embeddings": -1}, None, "max_position_embeddings=-1"),
+    "a 4,000-digit hidden size": ({"hidden_size": 10 ** 4000}, None, "hidden_size=1000"),
+    "an extra tensor": ({}, lambda t: {**t, "extra.weight": torch.zeros(3)}, "extra.weight"),
+    "int8 weights": ({}, _int8, "fc.weight I8"),
+    "a norm the heads do not fit": ({}, lambda t: {**t, "midlayer.hidden_norm.weight": torch.ones(H + 1)}, "hidden_norm"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_DRAFTS.values(), ids=BROKEN_DRAFTS.keys())
+def test_the_doctor_refuses_what_eval_refuses_with_the_same_words(
+        tmp_path: Path, target: Path, case: tuple[dict, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None, str]) -> None:
+    """Each got "ready to serve" while eval refused it or ran at acceptance 1.0 (issue 49 item 7): the
+    doctor and load_draft now ask one check (training/eagle3/config_check.py)."""
+    from training.eagle3.load import load_draft
+    from training.errors import ModelMismatchError
+
+    config, tensors, said = case
+    draft = write_sglang_export(tmp_path / "d", config=config)
+    if tensors is not None:
+        save_file(tensors(draft_tensors("midlayer.")), str(draft / "model.safetensors"))
+    report = diagnose(draft, target)
+    shared = [c.detail for c in report.errors if c.name in ("sglang config", "tensors")]
+    assert any(said in d for d in shared), report.errors
+    with pytest.raises(ModelMismatchError) as refused:
+        load_draft(draft, target)
+    assert all(d in str(refused.value) for d in shared), (shared, str(refused.value))
+    assert main(["doctor", "--draft", str(draft), "--model", str(target)]) == 1
+
+
+def test_a_yarn_draft_is_served_but_said_to_be_beyond_eval(tmp_path: Path, target: Path) -> None:
+    """The engines build yarn; the toolkit's draft does not: a warning, not a refusal to serve."""
+    draft = write_sglang_export(tmp_path / "d", config={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    report = diagnose(draft, target)
+    assert report.ok and [c.status for c in report.checks if c.name == "rope"] == ["warn"]

@@ -9,7 +9,7 @@ from typing import Any
 from training.eagle3.layouts import Layout, layout_of
 from training.eagle3.layouts.base import provenance
 from training.eagle3.model import Eagle3Draft
-from training.eagle3.weights import check_servable
+from training.eagle3.weights import check_servable, header_dtype
 from training.errors import ModelMismatchError, TrainingError
 from training.io.jsonfile import JSONFileError, read_json
 from training.io.weights import read_weights
@@ -54,7 +54,12 @@ def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> 
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelMismatchError(f"{root}/config.json lacks or garbles a field the draft needs ({exc!r}); "
                                  "re-export the draft with curator export") from exc
-    weights = layout.internal_weights(read_weights(root / WEIGHTS_FILE))
+    file_weights = read_weights(root / WEIGHTS_FILE)
+    # the check the doctor makes of the same file: names, dtypes (int8 weights ran at acceptance 1.0), shapes
+    problems = layout.tensor_problems(config, {k: (tuple(v.shape), header_dtype(v)) for k, v in file_weights.items()})
+    if problems:
+        raise ModelMismatchError(f"{root / WEIGHTS_FILE}: {'; '.join(problems)}; re-export the draft with curator export")
+    weights = layout.internal_weights(file_weights)
     weights = {k: (v.float() if v.is_floating_point() else v) for k, v in weights.items()}
     check_servable(weights, cfg, f"export {root}")
     draft = Eagle3Draft(cfg)

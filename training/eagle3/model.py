@@ -31,21 +31,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from training.eagle3 import kernels
+from training.eagle3.config_check import DRAFT_ROPE_TYPES, MAX_DIM, MAX_ELEMENTS
 from training.errors import ModelMismatchError
 from training.runtime.profiling import phase
 from training.target.config import text_part
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = DRAFT_ROPE_TYPES
 # EAGLE-3.1's normalisation flags, under the config keys speculators, vLLM and SGLang read
 VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
-
-
-# Bounds on what a config file may state (the largest real targets are far inside them): checked
-# before a tensor is allocated from them.
-MAX_DIM = {"hidden_size": 1 << 16, "target_hidden_size": 1 << 16, "num_attention_heads": 1 << 10,
-           "num_key_value_heads": 1 << 10, "head_dim": 1 << 12, "intermediate_size": 1 << 19, "vocab_size": 1 << 23,
-           "draft_vocab_size": 1 << 23, "num_aux_layers": 1 << 6}
-MAX_ELEMENTS = 1 << 34  # 17G weights: 32 GiB in bf16, several times a real draft with its embeddings
 
 
 @dataclass

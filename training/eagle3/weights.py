@@ -22,6 +22,17 @@ def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
     return [k for k, ok in zip(names, finite.tolist()) if not ok]
 
 
+# torch dtypes under the names a safetensors header gives them (what training/eagle3/config_check.py judges)
+_HEADER_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                  torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                  torch.bool: "BOOL"}
+
+
+def header_dtype(tensor: torch.Tensor) -> str:
+    """Return a tensor's dtype as a safetensors header names it (one it has no name for here keeps its torch name)."""
+    return _HEADER_DTYPES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+
+
 def vocab_map_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> str | None:
     """Return what is wrong with d2t [draft_vocab] (d2t[i] = target id - i) and t2d [vocab], or None."""
     if d2t.dim() != 1 or d2t.is_floating_point():

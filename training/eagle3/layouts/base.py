@@ -9,9 +9,11 @@ which engines read them. Adding a layout is one module here plus one line in the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from training.eagle3 import config_check
 from training.errors import ModelMismatchError
 
 if TYPE_CHECKING:  # torch loads only where weights are touched: `curator doctor`'s usage error stays fast
@@ -141,11 +143,24 @@ class Layout(ABC):
         """Return, per engine that reads this layout, the target layers (as inputs) it feeds the draft."""
 
     def config_problems(self, config: dict[str, Any]) -> list[str]:
-        """Return what in a config.json of this layout its readers refuse or misserve (beyond the shared
-        fields): the decoder's layer count and the aux-state count, as every layout's readers build them."""
+        """Return what in a config.json of this layout its readers refuse or misserve: the decoder's layer
+        count and the aux-state count, as every layout's readers build them, and the values every draft
+        is built from (training/eagle3/config_check.py). The doctor and load_draft both ask this."""
         layer = self.decoder_config(config)
         return [*decoder_layer_problems(layer, self.layer_count_rules()),
-                *aux_count_problems(layer, self.written_layer_ids(config))]
+                *aux_count_problems(layer, self.written_layer_ids(config)),
+                *config_check.config_value_problems(layer, config)]
+
+    def tensor_problems(self, config: dict[str, Any], tensors: Mapping[str, tuple[tuple[int, ...], str]]) -> list[str]:
+        """Return what is wrong with the file's tensors ({file name: (shape, safetensors dtype)}) for this
+        config: names no draft of this layout has, dtypes, and the decoder's and norms' shapes. The
+        doctor (from the safetensors headers) and load_draft (from the loaded weights) both ask this."""
+        n_aux = self.fc_aux_count(config)
+        known = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "embed_tokens.weight",
+                 *(INTERNAL_PREFIX + k for k in DECODER_KEYS), *variant_weights(dict.fromkeys(VARIANT_KEYS, True), n_aux)}
+        internal = {self.internal_name(k): v for k, v in tensors.items()}
+        return config_check.tensor_problems(internal, known,
+                                            config_check.expected_shapes(self.decoder_config(config), config, n_aux))
 
     def layer_count_rules(self) -> dict[str, str]:
         """Return, per engine that reads this layout, what it does with `num_hidden_layers` > 1."""
@@ -223,7 +238,8 @@ class Layout(ABC):
             hidden_size=int(layer["hidden_size"]),
             target_hidden_size=int(config.get("target_hidden_size") or layer["hidden_size"]),
             num_attention_heads=int(layer["num_attention_heads"]),
-            num_key_value_heads=int(layer["num_key_value_heads"]),
+            # absent: as many as the query heads, as transformers' LlamaConfig (so the engines) reads it
+            num_key_value_heads=int(layer.get("num_key_value_heads") or layer["num_attention_heads"]),
             head_dim=layer.get("head_dim"),
             intermediate_size=int(layer["intermediate_size"]),
             vocab_size=int(layer["vocab_size"]),
