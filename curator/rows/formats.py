@@ -91,13 +91,14 @@ ROLE_MAP = {
 }
 
 ALIASES = {"magicoder": "instruction-response", "opencodeinstruct": "input-output", "codefeedback": "query-answer",
-           "apigen": "xlam", "hermes-function-calling": "hermes"}
+           "apigen": "xlam", "hermes-function-calling": "hermes", "human-eval": "humaneval", "mt-bench": "mtbench",
+           "berkeley-function-calling": "bfcl"}
 
 # Agentic trajectories: each observation depends on the actions before it, so only the final
 # answer can be regenerated faithfully.
 # A request log holds each request as the target received it: its history is what the target was
 # shown, so only the final turn is answered again.
-DEFAULT_TURNS = {"swe-agent": "last", "glaive": "last", "deepswe": "last", "traffic": "last"}
+DEFAULT_TURNS = {"swe-agent": "last", "glaive": "last", "deepswe": "last", "traffic": "last", "tooltalk": "last"}
 
 # A source's own row id, kept beside the mix id (`source_id`) so that a row can be traced back.
 ID_FIELDS = ("id", "_id", "uuid", "conversation_id", "request_id", "sample_id", "instance_id", "question_id",
@@ -199,14 +200,56 @@ def tool_schema(spec: Any) -> dict[str, Any]:
     params = fn.get("parameters") or {}
     if not isinstance(params, Mapping):
         raise MalformedRow(f"tool {name!r} parameters are not an object")
-    if params and params.get("type") != "object":
+    if params and _is_schema(params):
+        # Kept as the source wrote it; only BFCL's (and Gorilla's) Python-flavoured `dict` becomes
+        # JSON schema's `object`, at every level, so that templates and validators read it.
+        params = _dict_as_object(params)
+    elif params and _is_xlam_map(params):
         # xlam/APIGen list parameters as {arg: {type, description, default}}: make it a JSON schema.
         params = {"type": "object", "properties": dict(params)}
+    elif params:
+        raise MalformedRow(f"tool {name!r} parameters are neither a JSON schema nor a map of arguments")
     out: dict[str, Any] = {"name": name}
     if isinstance(fn.get("description"), str):
         out["description"] = fn["description"]
     out["parameters"] = dict(params) or {"type": "object", "properties": {}}
     return {"type": "function", "function": out}
+
+
+def _is_schema(params: Mapping[str, Any]) -> bool:
+    """Return whether tool parameters are a JSON schema: a `type` keyword that is a name (not an argument
+    called "type"), or `properties` that map names to schemas."""
+    return isinstance(params.get("type"), str) or (
+        isinstance(params.get("properties"), Mapping) and "type" not in params)
+
+
+def _is_xlam_map(params: Mapping[str, Any]) -> bool:
+    """Return whether tool parameters are xlam's {arg: {type, description, ...}} map (every value one argument)."""
+    return all(isinstance(v, Mapping) and ("type" in v or "description" in v) for v in params.values())
+
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_ONES = ("items", "additionalProperties", "not", "contains")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _dict_as_object(schema: Any, depth: int = 0) -> Any:
+    """Return `schema` with every `"type": "dict"` written `"object"`; everything else as it was."""
+    if not isinstance(schema, Mapping) or depth > 64:  # deeper than any real tool: left as written
+        return schema
+    out = dict(schema)
+    if out.get("type") == "dict":
+        out["type"] = "object"
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: _dict_as_object(v, depth + 1) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_ONES:
+        if isinstance(out.get(key), Mapping):
+            out[key] = _dict_as_object(out[key], depth + 1)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_dict_as_object(v, depth + 1) for v in out[key]]
+    return out
 
 
 def _tools(raw: Any) -> list[dict[str, Any]] | None:
@@ -536,6 +579,115 @@ def traffic(row: Mapping[str, Any]) -> Conversation:
     return messages({**request, "messages": _request_messages(_field(request, "messages"))})
 
 
+# ---------------------------------------------------------------------------- benchmark packages
+# The prompt files of evaluation packages on PyPI (docs/mix.md names each file): prompts only, the
+# answers are the target's own.
+
+
+def bfcl(row: Mapping[str, Any]) -> Conversation:
+    """Return a Berkeley Function-Calling Leaderboard row: `question` (a list of turns, each a list of
+    {role, content}) with the `function` list as the tools offered (`dict` schemas read as `object`).
+
+    Multi-turn rows name their tools by class (`involved_classes`, documented in another file of the
+    package) instead of listing them: they are malformed here, not answered without their tools.
+    """
+    if "function" not in row:
+        raise MalformedRow("BFCL row without a `function` list (its tools are named by class, not given)")
+    functions = row["function"]
+    if not isinstance(functions, list):
+        raise MalformedRow("field 'function' is not a list")
+    question = _field(row, "question")
+    if not isinstance(question, list) or not question:
+        raise MalformedRow("field 'question' is not a non-empty list")
+    items: list[Any] = []
+    for group in question:
+        items.extend(group if isinstance(group, list) else [group])
+    conv = _turns(items, "question")
+    return Conversation(conv, tools=[tool_schema(f) for f in functions] or None)
+
+
+HUMANEVAL_REQUEST = "Complete the following Python function.\n\n```python\n{stub}```"
+
+
+def humaneval(row: Mapping[str, Any]) -> Conversation:
+    """Return a HumanEval task as a user's request: its `prompt` (a function signature and docstring)
+    in a code block after one line asking to complete it, as a coding assistant is asked.
+
+    The stub alone is a completion prompt, not a chat turn: an instruction model answers a bare stub
+    with a mix of guesses, while users of a coding assistant paste code and say what they want.
+    """
+    stub = _text(row, "prompt")
+    if not stub.strip():
+        raise MalformedRow("field 'prompt' is empty")
+    return Conversation([("user", HUMANEVAL_REQUEST.format(stub=stub if stub.endswith("\n") else stub + "\n"))])
+
+
+def mtbench(row: Mapping[str, Any]) -> Conversation:
+    """Return an MT-Bench question: its `turns` as user turns, answered one after the other (turns=all),
+    the second after the target's own first answer."""
+    turns = _field(row, "turns")
+    if not isinstance(turns, list) or not turns:
+        raise MalformedRow("field 'turns' is not a non-empty list")
+    if not all(isinstance(t, str) and t.strip() for t in turns):
+        raise MalformedRow("a turn in 'turns' is not a non-empty string")
+    return Conversation([("user", t) for t in turns])
+
+
+def ifbench(row: Mapping[str, Any]) -> Conversation:
+    """Return an IFBench prompt (its `prompt`, with the instructions to follow written into it) as a user turn."""
+    prompt = _text(row, "prompt")
+    if not prompt.strip():
+        raise MalformedRow("field 'prompt' is empty")
+    return Conversation([("user", prompt)])
+
+
+# ToolTalk's executor passes the session token itself (it is in no API's parameters); its recorded
+# calls carry it, so it is taken out of them to match the schemas offered.
+_TOOLTALK_INJECTED = "session_token"
+
+
+def tooltalk(row: Mapping[str, Any]) -> Conversation:
+    """Return a ToolTalk conversation: user and assistant turns (`text`), an assistant turn's `apis` as
+    its tool calls followed by their results (`{"response", "exception"}` as ToolTalk shows them), and
+    the schemas of the APIs of `suites_used` as the tools offered (`tools`, added by the reader from
+    the package's API classes; `tools_error` when they do not convert)."""
+    if isinstance(row.get("tools_error"), str):
+        raise MalformedRow(row["tools_error"])
+    if not isinstance(row.get("tools"), list):
+        raise MalformedRow("ToolTalk conversation without its tool schemas (read it in the package's own "
+                           "layout, with tooltalk/apis/ beside tooltalk/data/)")
+    items = _field(row, "conversation")
+    if not isinstance(items, list) or not items:
+        raise MalformedRow("field 'conversation' is not a non-empty list")
+    conv = Conversation(tools=[tool_schema(t) for t in row["tools"]])
+    n_calls = 0
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise MalformedRow("a turn in 'conversation' is not an object")
+        role, text = _role(item.get("role")), item.get("text")
+        if not isinstance(text, str):
+            raise MalformedRow("a turn in 'conversation' has no text")
+        apis = item.get("apis") or []
+        if role == "assistant" and apis:
+            if not isinstance(apis, list) or not all(isinstance(a, Mapping) and isinstance(a.get("request"), Mapping)
+                                                     for a in apis):
+                raise MalformedRow("field 'apis' is not a list of {request, response, exception}")
+            calls = []
+            for api in apis:
+                params = api["request"].get("parameters")
+                if isinstance(params, Mapping):
+                    params = {k: v for k, v in params.items() if k != _TOOLTALK_INJECTED}
+                calls.append(tool_call(api["request"].get("api_name"), params, f"call_{n_calls}"))
+                n_calls += 1
+            conv.append(Turn("assistant", "", tool_calls=calls))
+            for call, api in zip(calls, apis):
+                result = json.dumps({"response": api.get("response"), "exception": api.get("exception")},
+                                    ensure_ascii=False)
+                conv.append(Turn("tool", result, tool_call_id=call["id"]))
+        conv.append((role, text))
+    return pair_tool_turns(conv)
+
+
 NORMALISERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
     "sharegpt": sharegpt,
     "hermes": sharegpt,
@@ -550,11 +702,22 @@ NORMALISERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
     "glaive": glaive,
     "xlam": xlam,
     "traffic": traffic,
+    "bfcl": bfcl,
+    "humaneval": humaneval,
+    "mtbench": mtbench,
+    "ifbench": ifbench,
+    "tooltalk": tooltalk,
 }
 
 # Checked in order: the first whose columns are all present wins, so the more specific
 # column sets come first (OpenThoughts before plain ShareGPT, alpaca before pairs).
 _DETECT: tuple[tuple[frozenset[str], str], ...] = (
+    (frozenset({"question", "function"}), "bfcl"),
+    (frozenset({"question", "involved_classes"}), "bfcl"),
+    (frozenset({"task_id", "prompt", "entry_point"}), "humaneval"),
+    (frozenset({"question_id", "category", "turns"}), "mtbench"),
+    (frozenset({"prompt", "instruction_id_list"}), "ifbench"),
+    (frozenset({"conversation", "apis_used", "suites_used"}), "tooltalk"),
     (frozenset({"trajectory"}), "swe-agent"),
     (frozenset({"system", "conversations"}), "openthoughts"),
     (frozenset({"conversations"}), "sharegpt"),

