@@ -41,6 +41,7 @@ from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import Examined, Survey, classify_prompt, importance_keys, survey
+from curator.mix.tap_source import Skipped, normaliser, request_part
 from curator.traffic.schema import Profile, load_profile
 from training.io.diskspace import named_disk_full
 from training.io.text import is_valid_unicode
@@ -105,6 +106,11 @@ class SourceReport:
         key = reason if reason in self.malformed_reasons or len(self.malformed_reasons) < _MAX_REASONS else "other"
         self.malformed_reasons[key] += 1
 
+    def filtered_reason(self, reason: str) -> None:
+        """Count one filtered row under its reason."""
+        self.filtered += 1
+        self.filtered_reasons[reason] += 1
+
     def to_dict(self) -> dict[str, Any]:
         """Return the manifest entry for this source."""
         spec = self.spec
@@ -117,7 +123,7 @@ class SourceReport:
             "format": self.format,
             "category": "(classified)" if spec.is_traffic else spec.category,
             "turns": self.turns,
-            "keep_responses": spec.keep_responses,
+            "keep_responses": spec.keeps_responses,
             "license": spec.license,
             "recipe_quota": spec.samples,
             "quota": self.quota,
@@ -153,10 +159,15 @@ class MixProgress(Protocol):
     def source_done(self, report: SourceReport) -> None: ...
 
 
+def _turns(spec: SourceSpec, fmt: str) -> str:
+    """Return a source's turn policy: the recipe's, else its format's (a tap log is served traffic: 'last')."""
+    return spec.turns or ("last" if spec.is_tap else default_turns(fmt))
+
+
 def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[..., Examined]:
     """Return examine(index, row, light=False): the row normalised and checked. A light look (the
     survey's) only normalises: a row it passes that a full look drops is dropped when walked."""
-    normalise = None
+    normalise = normaliser(spec.keeps_responses) if spec.is_tap else None
 
     def examine(index: int, row: Row, light: bool = False) -> Examined:
         nonlocal normalise
@@ -164,12 +175,14 @@ def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int
             return Examined(None, "malformed", row.reason)
         if normalise is None:
             report.format = resolve_format(spec.format, row.keys(), where)
-            report.turns = spec.turns or default_turns(report.format)
+            report.turns = _turns(spec, report.format)
             normalise = NORMALISERS[report.format]
         try:
-            prompt = to_prompt(normalise(row), report.turns, spec.keep_responses)
+            prompt = to_prompt(normalise(row), report.turns, spec.keeps_responses)
         except MalformedRow as exc:
             return Examined(None, "malformed", str(exc))
+        except Skipped as exc:  # a tap record that is no whole chat exchange
+            return Examined(None, "filtered", str(exc))
         if light:
             return Examined(prompt)
         own_id = source_id(row)
@@ -214,7 +227,7 @@ class _SourceRun:
         self.report = SourceReport(name=self.name, spec=spec)
         if spec.format != "auto":
             self.report.format = resolve_format(spec.format, (), self.name)
-            self.report.turns = spec.turns or default_turns(self.report.format)
+            self.report.turns = _turns(spec, self.report.format)
         self.report.skipped = filters.license_refusal(license, recipe.filters.licenses)
         self.open_rows = open_source(spec, recipe.base_dir, recipe.seed, ctx.root)
         self.examine = _examiner(spec, self.report, f"source {self.name!r}", recipe.filters.max_prompt_chars)
@@ -241,9 +254,13 @@ class _SourceRun:
         if self.spec.is_traffic and self.found.read and not self.found.counts():
             # not one usable row: the walk never visits them, so they are counted here, with their reasons
             # (otherwise a source of 60 broken rows reads "60 read, 0 malformed" and nothing says why)
-            reasons = self.found.unusable_reasons
+            reasons, drops = self.found.unusable_reasons, self.found.unusable_drops
             for i in range(self.found.read):
-                self.report.malformed_reason(reasons[i] if i < len(reasons) else reasons[-1] if reasons else "malformed")
+                j = min(i, len(reasons) - 1)
+                if j >= 0 and drops[j] == "filtered":  # a tap log of error statuses, say: skipped with the reason
+                    self.report.filtered_reason(reasons[j])
+                else:
+                    self.report.malformed_reason(reasons[j] if j >= 0 else "malformed")
         if model is not None:
             self.keys = importance_keys(self.found, model, seed, self.name)
 
@@ -261,8 +278,9 @@ class _SourceRun:
         for index, row in enumerate(self.open_rows()):
             if index < found.read and found.excluded[index]:
                 ex = self.examine(index, row)
-                if ex.prompt is not None:
-                    yield index, Examined(ex.prompt, source_id=ex.source_id, category=found.category(index))
+                if ex.prompt is not None:  # a tapped answer stays out: a held-out row is the request eval asks
+                    prompt = request_part(ex.prompt) if self.spec.is_tap else ex.prompt
+                    yield index, Examined(prompt, source_id=ex.source_id, category=found.category(index))
 
     def _key(self) -> Callable[[int], Any]:
         seed, name, found = self.ctx.recipe.seed, self.name, self.found
@@ -285,7 +303,8 @@ class _SourceRun:
             return ex
         ex = self.examine(index, row)
         if ex.prompt is not None and self.spec.is_traffic:  # a row the survey did not see
-            return Examined(ex.prompt, source_id=ex.source_id, category=classify_prompt(ex.prompt))
+            asked = request_part(ex.prompt) if self.spec.is_tap else ex.prompt
+            return Examined(ex.prompt, source_id=ex.source_id, category=classify_prompt(asked))
         return ex
 
     def _room(self, category: str | None) -> bool:
@@ -337,8 +356,7 @@ class _SourceRun:
             if ex.drop == "malformed":
                 report.malformed_reason(ex.reason or "malformed")
             elif ex.drop == "filtered" or reasons[k] is not None:
-                report.filtered += 1
-                report.filtered_reasons[ex.reason or reasons[k] or "filtered"] += 1
+                report.filtered_reason(ex.reason or reasons[k] or "filtered")
             elif not self._room(ex.category):
                 continue  # its category is full here: unsampled, and a later fill may take it
             elif (hit := contaminated[k]) is not None:
@@ -435,7 +453,7 @@ def _build(
 
     def write(run: _SourceRun, rows: list[tuple[int, Examined]]) -> None:
         for index, ex in rows:
-            writer.add(_mix_row(f"{run.name}:{index}", run, ex, run.spec.keep_responses))
+            writer.add(_mix_row(f"{run.name}:{index}", run, ex, run.spec.keeps_responses))
 
     for run in runs:
         write(run, run.fill())

@@ -87,7 +87,9 @@ class _Location(_Strict):
 
 class SourceSpec(_Location):
     """One source of the mix. A `format: traffic` source is the target's own request log: each row's
-    category comes from the traffic classifier, and `heldout` keeps conversations out for evaluation."""
+    category comes from the traffic classifier, and `heldout` keeps conversations out for evaluation.
+    A `format: tap` source is the same for a `curator tap` log, whose rows keep the target's own
+    answers (nothing for generate to request) unless `regenerate: true`."""
 
     samples: Count = Field(gt=0)
     category: str = "general"
@@ -95,16 +97,29 @@ class SourceSpec(_Location):
         None, description="the traffic category this source's category serves (agentic, code, reasoning, chat); "
                           "default: its category when that is one of them"
     )
-    turns: Literal["all", "last"] | None = Field(None, description="default: 'last' for agentic formats and traffic, else 'all'")
+    turns: Literal["all", "last"] | None = Field(None, description="default: 'last' for agentic formats, traffic and tap, else 'all'")
     keep_responses: bool = False
+    regenerate: bool = Field(False, description="tap only: have generate answer the tapped requests again "
+                                                "instead of keeping the target's recorded answers")
     license: str | None = None
     heldout: int | float | None = Field(
-        None, description="traffic only: a fraction of the conversations (0.1) or a number of them (200), never trained on"
+        None, description="traffic and tap only: a fraction of the conversations (0.1) or a number of them (200), "
+                          "never trained on"
     )
 
     @property
     def is_traffic(self) -> bool:
-        return self.format == TRAFFIC_FORMAT
+        """Return whether the rows are served traffic (a request log or a tap log): classified, with a held-out split."""
+        return self.format in (TRAFFIC_FORMAT, TAP_FORMAT)
+
+    @property
+    def is_tap(self) -> bool:
+        return self.format == TAP_FORMAT
+
+    @property
+    def keeps_responses(self) -> bool:
+        """Return whether the mix rows keep the source's answers (generate requests nothing for them)."""
+        return self.keep_responses or (self.is_tap and not self.regenerate)
 
     @field_validator("heldout")
     @classmethod
@@ -120,9 +135,15 @@ class SourceSpec(_Location):
     @model_validator(mode="after")
     def _traffic_fields(self) -> SourceSpec:
         if self.heldout is not None and not self.is_traffic:
-            raise ValueError("heldout applies to a traffic source (format: traffic)")
+            raise ValueError("heldout applies to a traffic source (format: traffic or tap)")
+        if self.regenerate and not self.is_tap:
+            raise ValueError("regenerate applies to a tap source (format: tap); other sources are answered again "
+                             "unless `keep_responses: true`")
         if self.is_traffic and "category" in self.model_fields_set:
             raise ValueError("a traffic source's categories come from the traffic classifier; remove `category:`")
+        if self.is_tap and "keep_responses" in self.model_fields_set:
+            raise ValueError("a tap source keeps the target's own answers already (`regenerate: true` has generate "
+                             "answer them again); remove `keep_responses:`")
         if self.is_traffic and self.keep_responses:
             raise ValueError("a request log holds no answers to keep; remove `keep_responses:`")
         if self.is_traffic and self.traffic is not None:
@@ -199,7 +220,7 @@ class Recipe(_Strict):
                 raise ValueError(f"sources[{i}] has the same name as an earlier source ({label!r}); give it a `name:`")
             seen.add(label)
         if sum(src.is_traffic for src in self.sources) > 1:
-            raise ValueError("at most one traffic source (format: traffic): its held-out split is the mix's")
+            raise ValueError("at most one traffic source (format: traffic or tap): its held-out split is the mix's")
         for category, named in self._named().items():
             if len(set(named.values()) - {None}) > 1:  # a category's rows are one column value: they serve one category
                 who = ", ".join(f"{label}: {traffic}" for label, traffic in named.items() if traffic is not None)

@@ -20,6 +20,7 @@ from curator.rows.formats import Conversation, as_messages
 from curator.mix.match import FeatureStore, TrafficModel, match_texts, walk_keys
 from curator.mix.recipe import SourceSpec
 from curator.mix.sample import row_key
+from curator.mix.tap_source import request_part
 
 UNUSABLE = -1
 _BATCH = 512
@@ -64,6 +65,7 @@ class Survey:
     heldout_conversations: int = 0
     features: FeatureStore | None = field(default=None, repr=False)
     unusable_reasons: list[str] = field(default_factory=list, repr=False)  # why each UNUSABLE row was (first 1,000)
+    unusable_drops: list[str] = field(default_factory=list, repr=False)  # and how: "malformed" or "filtered"
 
     @property
     def read(self) -> int:
@@ -93,6 +95,7 @@ def survey(
     convs: list[int] = []
     store = FeatureStore(buckets) if buckets is not None else None
     reasons: list[str] = []
+    drops: list[str] = []
     pending: tuple[list[int], list[str]] = ([], [])  # rows waiting for the feature store, and their user texts
     for index, row in enumerate(rows):
         if on_read is not None and index % 1000 == 999:
@@ -103,11 +106,14 @@ def survey(
             convs.append(0)
             if len(reasons) < 1000:
                 reasons.append(ex.reason or "malformed")
+                drops.append(ex.drop or "malformed")
             continue
-        # A traffic row is converted, and its user text taken, once for the classifier and the features.
-        messages = as_messages(ex.prompt) if spec.is_traffic or store is not None else None
+        # A traffic row is converted, and its user text taken, once for the classifier and the features;
+        # a tapped row is classified on its request, as `curator profile` reads the same log.
+        asked = request_part(ex.prompt) if spec.is_tap else ex.prompt
+        messages = as_messages(asked) if spec.is_traffic or store is not None else None
         text = match_texts([messages])[0] if store is not None else None  # type: ignore[list-item]
-        cat = classify_prompt(ex.prompt, messages, text) if spec.is_traffic else spec.category
+        cat = classify_prompt(asked, messages, text) if spec.is_traffic else spec.category
         codes.append(names.setdefault(cat, len(names)))
         convs.append(conversation_hash(seed, ex.prompt) if spec.heldout is not None else 0)
         if store is not None:
@@ -122,7 +128,8 @@ def survey(
         on_read(len(codes))
     code_array = np.asarray(codes, dtype=np.int16)
     excluded, n_conv = _heldout(code_array, np.asarray(convs, dtype=np.uint64), spec.heldout)
-    return Survey(list(names), code_array, excluded, n_conv, features=store, unusable_reasons=reasons)
+    return Survey(list(names), code_array, excluded, n_conv, features=store, unusable_reasons=reasons,
+                  unusable_drops=drops)
 
 
 def _heldout(codes: np.ndarray, convs: np.ndarray, heldout: int | float | None) -> tuple[np.ndarray, int]:
