@@ -102,6 +102,13 @@ CASES = [
     (GLAIVE, "glaive"),
     (XLAM, "xlam"),
     (OPENTHOUGHTS, "openthoughts"),
+    # prompt packages on PyPI (tests/curator/rows/test_prompt_packages.py reads their files)
+    ({"id": "simple_0", "question": [[{"role": "user", "content": "Area of a 10 by 5 triangle?"}]],
+      "function": [{"name": "area", "parameters": {"type": "dict", "properties": {"b": {"type": "integer"}}}}]}, "bfcl"),
+    ({"task_id": "HumanEval/0", "prompt": "def f(x):\n    \"\"\"Return x.\"\"\"\n", "entry_point": "f",
+      "canonical_solution": "    return x\n", "test": ""}, "humaneval"),
+    ({"question_id": 81, "category": "writing", "turns": ["Write a post.", "Shorten it."]}, "mtbench"),
+    ({"key": "0", "prompt": "Answer in three words.", "instruction_id_list": ["count:words"], "kwargs": [{}]}, "ifbench"),
 ]
 
 

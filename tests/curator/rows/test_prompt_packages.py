@@ -160,3 +160,28 @@ def test_build_mix_reads_every_package_in_its_layout(tmp_path):
     rows = pq.read_table(tmp_path / "out").to_pylist()
     bfcl = next(r for r in rows if r["source"] == "bfcl")
     assert json.loads(bfcl["tools"])[0]["function"]["parameters"]["type"] == "object"
+
+
+# ---------------------------------------------------------------------------- the bundled recipes
+
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
+
+
+def test_the_bundled_package_recipes_name_the_members_in_their_packages_layout():
+    real = load_recipe(RECIPES / "coding-assistant-real.yaml")
+    members = {s.path.removeprefix("prompts/") for s in real.sources}
+    assert all(s.path.startswith("prompts/") for s in real.sources)
+    # the members this folder holds a fixture of are at the same place in the fixture's layout
+    for member in (SHAREGPT, HUMANEVAL, MTBENCH, IFBENCH, BFCL, BFCL_LIVE):
+        assert member in members and (FIXTURES / member).is_file()
+    assert {"tooltalk/data/tooltalk", "tooltalk/data/easy"} <= members
+    assert {s.format for s in real.sources} == {"humaneval", "bfcl", "tooltalk", "sharegpt", "mtbench", "ifbench"}
+
+
+def test_sharegpt_only_builds_from_the_package_layout(tmp_path):
+    shutil.copy(RECIPES / "sharegpt-only.yaml", tmp_path)
+    shutil.copytree(FIXTURES, tmp_path / "prompts")
+    manifest = build_mix(load_recipe(tmp_path / "sharegpt-only.yaml"), tmp_path / "out")
+    (src,) = manifest["sources"]
+    assert src["read"] == 4 and src["kept"] == 2 and src["malformed"] == 2
+    assert any(k.startswith("truncated:") for k in src["malformed_reasons"])
