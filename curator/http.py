@@ -373,8 +373,16 @@ def redact(text: str) -> str:
 
 def error_text(response: httpx.Response | bytes, limit: int = 300) -> str:
     """Return a one-line, redacted summary of an error answer (a read response, or its body): the
-    JSON error message when the body has one, else the start of the body."""
+    JSON error message when the body has one, else the start of the body; for a redirect (which no
+    client here follows), where it points, without user:password; "empty body" for an empty one."""
+    if isinstance(response, httpx.Response) and response.is_redirect:
+        # A redirect's body is usually empty: the Location is the reason (a login page, https).
+        location = response.headers.get("location", "").strip()
+        where = f"redirect to {location}" if location else "redirect without a Location"
+        return redact(" ".join(where.split()))[:limit] + " (not followed: give the final URL)"
     content = response if isinstance(response, bytes) else response.content
+    if not content.strip():
+        return "empty body"
     try:
         body = json.loads(content)
     except (ValueError, RecursionError):

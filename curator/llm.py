@@ -7,14 +7,21 @@ knows how to append the model's turn and the tool results to that conversation, 
 loop never branches on which API it talks to. Both clients retry what curator/http.py calls
 transient (rate limits, overloads, server errors), honouring `retry-after`, so that ten agents
 sharing one key back off instead of failing.
+
+Every call is bounded as generation's are: a deadline on the whole exchange (httpx's read timeout
+is only the gap between two bytes, so a server dripping one byte every half second was never cut
+off) and a cap on the answer's size, read as a stream. Every message names the server by its
+URL without user:password.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +34,9 @@ from curator.http import Failure, RetryHook, RetryPolicy
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 MODEL_ENV = "CURATOR_MODEL"
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = 120.0  # the whole exchange of one call, first byte sent to last byte read
+# An agent's turn is a few KB; the cap is generation's, far above any real answer.
+DEFAULT_MAX_ANSWER_BYTES = http.DEFAULT_MAX_ANSWER_BYTES
 # Ten agents share one key: wait longer than generation does (1 s doubling, up to a minute).
 DEFAULT_RETRY = RetryPolicy(max_attempts=8, base_delay_s=1.0, max_delay_s=60.0)
 
@@ -110,14 +119,72 @@ class LLMClient(Protocol):
 # -- Anthropic ---------------------------------------------------------------------------------
 
 
+@functools.cache
+def _capped_stream_class(base: type) -> type:
+    """Return a subclass of `base` (httpx's AsyncByteStream, or that of the fork the SDK uses)
+    that passes the bytes of a wrapped stream on and raises AnswerTooLarge past a cap."""
+
+    class CappedStream(base):
+        def __init__(self, inner: Any, max_bytes: int) -> None:
+            self._inner = inner
+            self._max_bytes = max_bytes
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            size = 0
+            async for chunk in self._inner:
+                size += len(chunk)
+                if size > self._max_bytes:
+                    raise http.AnswerTooLarge(self._max_bytes)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return CappedStream
+
+
+def _cap_answers(max_bytes: int) -> Callable[[Any], Awaitable[None]]:
+    """Return a response hook that bounds what the Anthropic SDK reads of an answer: a declared
+    Content-Length over `max_bytes` is refused at once, any other body is cut off past it. The
+    SDK reads the body inside its send and wraps the error; `_bound_failure` finds it."""
+
+    async def hook(response: Any) -> None:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise http.AnswerTooLarge(max_bytes)
+        # the SDK's httpx, or its fork: the stream base class of the module that made the response
+        module = sys.modules[type(response).__module__.partition(".")[0]]
+        response.stream = _capped_stream_class(module.AsyncByteStream)(response.stream, max_bytes)
+
+    return hook
+
+
+
 class _SharedMessages:
     """What the Anthropic and OpenAI clients have in common: message shapes and the retry count."""
 
     retries: int  # how many calls were retried so far
     retry: RetryPolicy
+    timeout_s: float  # the deadline of one call's whole exchange
+    endpoint: str  # shown in messages: never with user:password
 
     def _classify(self, exc: Exception) -> Failure:
         raise NotImplementedError
+
+    def _bound_failure(self, exc: BaseException) -> Failure | None:
+        """Return the Failure for a call cut off by its deadline (transient) or its size cap
+        (permanent: the same request would fetch it again), wherever in the chain the SDK put it."""
+        seen: BaseException | None = exc
+        for _ in range(8):  # the SDK wraps a transport's error once or twice
+            if seen is None:
+                return None
+            if isinstance(seen, http.DeadlineExceeded):
+                return Failure(f"{self.endpoint} sent no whole answer within {self.timeout_s:g} s "
+                               "(--request-timeout)", True)
+            if isinstance(seen, http.AnswerTooLarge):
+                return Failure(f"{self.endpoint}: {seen}; an agent's turn is a few KB, the rest was not read", False)
+            seen = seen.__cause__ or seen.__context__
+        return None
 
     async def _with_retries(self, call: Callable[[], Any], on_retry: RetryHook | None) -> Any:
         """Return `call()`'s result, retrying what `_classify` calls transient; raise LLMError otherwise."""
@@ -126,7 +193,10 @@ class _SharedMessages:
         async def once(attempt: int) -> Any:
             nonlocal attempts
             attempts = attempt
-            return await call()
+            try:
+                return await asyncio.wait_for(call(), self.timeout_s)
+            except asyncio.TimeoutError:
+                raise http.DeadlineExceeded(f"no whole answer within {self.timeout_s:g} s") from None
 
         def hook(attempt: int, wait: float, reason: str) -> None:
             self.retries += 1
@@ -134,14 +204,16 @@ class _SharedMessages:
                 on_retry(attempt, wait, reason)
 
         def classify(exc: Exception) -> Failure | None:
-            return None if isinstance(exc, LLMError) else self._classify(exc)
+            return None if isinstance(exc, LLMError) else self._bound_failure(exc) or self._classify(exc)
 
         try:
             return await http.retrying(once, self.retry, classify, hook)
-        except (LLMError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             raise
+        except LLMError as exc:  # built from a server's answer: it may echo what it was sent
+            raise LLMError(http.redact(str(exc))) from exc.__cause__
         except Exception as exc:  # noqa: BLE001 - every failure becomes one LLMError with its reason
-            failure = self._classify(exc)
+            failure = self._bound_failure(exc) or self._classify(exc)
             gave_up = f" (gave up after {attempts} attempts)" if failure.transient else ""
             raise LLMError(http.redact(failure.reason) + gave_up) from exc
 
@@ -169,6 +241,7 @@ class AnthropicClient(_SharedMessages):
         max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
         retry: RetryPolicy | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         import anthropic
 
@@ -177,7 +250,10 @@ class AnthropicClient(_SharedMessages):
         self.max_output_tokens = max_output_tokens
         self.retry = retry or DEFAULT_RETRY
         self.retries = 0
-        kwargs: dict[str, Any] = {"max_retries": 0, "timeout": timeout_s}
+        self.timeout_s = timeout_s
+        # the SDK's own client (its defaults, its httpx), with the answer's size capped
+        http_client = anthropic.DefaultAsyncHttpxClient(event_hooks={"response": [_cap_answers(max_answer_bytes)]})
+        kwargs: dict[str, Any] = {"max_retries": 0, "timeout": timeout_s, "http_client": http_client}
         if api_key:
             kwargs["api_key"] = api_key
         if base_url:
@@ -191,7 +267,7 @@ class AnthropicClient(_SharedMessages):
         has_credentials = any(getattr(self._client, name, None) for name in ("api_key", "auth_token", "credentials"))
         if not has_credentials:
             raise LLMError(MISSING_KEY_HELP)
-        self.endpoint = str(self._client.base_url)
+        self.endpoint = http.public_url(str(self._client.base_url))
 
     async def complete(
         self,
@@ -252,7 +328,7 @@ class AnthropicClient(_SharedMessages):
                 return Failure(f"Anthropic API HTTP {status}: {detail}", True, http.parse_retry_after(exc.response.headers))
             return Failure(f"Anthropic API rejected the request (HTTP {status}): {detail}", False)
         if isinstance(exc, (a.APITimeoutError, a.APIConnectionError)):
-            return Failure(f"cannot reach the Anthropic API at {self._client.base_url}: {exc}", True)
+            return Failure(f"cannot reach the Anthropic API at {self.endpoint}: {exc}", True)
         return Failure(f"Anthropic client failed: {type(exc).__name__}: {exc}", False)
 
     def tool_result_messages(self, outcomes: Sequence[ToolOutcome], note: str | None = None) -> list[dict[str, Any]]:
@@ -274,9 +350,14 @@ class AnthropicClient(_SharedMessages):
 
 
 def chat_completions_url(url: str) -> str:
-    """Return the chat-completions URL of a server given as its root, `.../v1` or the full URL."""
+    """Return the chat-completions URL of a server given as its root, `.../v1` or the full URL,
+    without the user:password it may carry (that goes to the client as basic auth)."""
+    return _endpoint(url)[0] + "/v1/chat/completions"
+
+
+def _endpoint(url: str) -> tuple[str, httpx.BasicAuth | None]:
     try:
-        return http.base_url(url) + "/v1/chat/completions"
+        return http.endpoint_root(url)  # its ValueError is redacted
     except ValueError as exc:
         raise LLMError(f"--base-url {exc}") from exc
 
@@ -292,21 +373,26 @@ class OpenAIClient(_SharedMessages):
         max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
         retry: RetryPolicy | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         if not base_url:
             raise LLMError("--llm openai needs --base-url URL (e.g. http://localhost:30000/v1)")
         if not model:
             raise LLMError("--llm openai needs --model NAME (the name the server serves)")
         self.model = model
-        self.url = chat_completions_url(base_url)
+        root, auth = _endpoint(base_url)  # user:password is sent as basic auth, never shown
+        self.url = root + "/v1/chat/completions"
         self.endpoint = self.url
         self.max_output_tokens = max_output_tokens
         self.retry = retry or DEFAULT_RETRY
         self.retries = 0
+        self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self._http = httpx.AsyncClient(
             headers=http.bearer(api_key or os.environ.get("OPENAI_API_KEY")),
             timeout=http.timeout(timeout_s),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            auth=auth,
         )
 
     async def complete(
@@ -329,12 +415,17 @@ class OpenAIClient(_SharedMessages):
         }
 
         async def call() -> dict[str, Any]:
-            response = await self._http.post(self.url, json=body)
+            request = self._http.build_request("POST", self.url, json=body)
+            streamed, content = await http.send_bounded(self._http, request, deadline_s=self.timeout_s,
+                                                        max_bytes=self.max_answer_bytes)
+            # the body read (and capped) above, where the status error's reader finds it
+            response = httpx.Response(streamed.status_code, headers=streamed.headers, content=content, request=request)
             response.raise_for_status()
             try:
-                return response.json()
-            except ValueError as exc:
-                raise LLMError(f"{self.url} answered something that is not JSON: {response.text[:200]!r}") from exc
+                return json.loads(content)
+            except (ValueError, RecursionError) as exc:
+                start = content[:200].decode("utf-8", "replace")
+                raise LLMError(f"{self.url} answered something that is not JSON: {start!r}") from exc
 
         data = await self._with_retries(call, on_retry)
         return self._parse(data)
@@ -428,11 +519,13 @@ def make_client(
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
     retry: RetryPolicy | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
 ) -> LLMClient:
-    """Return the client for `kind` ("anthropic" or "openai"); LLMError with a fix when misconfigured."""
+    """Return the client for `kind` ("anthropic" or "openai"); LLMError with a fix when misconfigured.
+    `timeout_s` bounds each call's whole exchange, `max_answer_bytes` its answer."""
     if kind == "anthropic":
-        return AnthropicClient(model, api_key, base_url, max_output_tokens, retry, timeout_s)
+        return AnthropicClient(model, api_key, base_url, max_output_tokens, retry, timeout_s, max_answer_bytes)
     if kind == "openai":
         model = model or os.environ.get(MODEL_ENV) or ""
-        return OpenAIClient(model, base_url or "", api_key, max_output_tokens, retry, timeout_s)
+        return OpenAIClient(model, base_url or "", api_key, max_output_tokens, retry, timeout_s, max_answer_bytes)
     raise LLMError(f"unknown --llm {kind!r}; use anthropic or openai")

@@ -13,6 +13,7 @@ from rich.progress import TaskID
 from rich.table import Table
 from rich.text import Text
 
+from curator.llm import DEFAULT_TIMEOUT_S
 from curator.ui import console, progress, stdout, summary_table
 
 BAR_WIDTH = 24
@@ -27,6 +28,10 @@ def profile_command(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="With --llm openai: the server's /v1 address; with anthropic it overrides ANTHROPIC_BASE_URL."),
     llm_max: int = typer.Option(1000, "--llm-max", min=1, help="With --llm: at most this many unsure rows go to the model (the rest keep the rules' category)."),
     max_attempts: int = typer.Option(8, "--max-attempts", min=1, help="With --llm: tries per model call before the profile fails."),
+    request_timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--request-timeout", min=0.001,
+        help="With --llm: seconds one model call may take, from sending to its answer's last byte, before it is retried.",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the examples' sample."),
     no_examples: bool = typer.Option(False, "--no-examples", help="Keep no example requests in the profile or on the console (only counts and statistics leave the traffic)."),
 ) -> None:
@@ -37,7 +42,8 @@ def profile_command(
     client = None
     if llm is not None:
         retry = dataclasses.replace(DEFAULT_RETRY, max_attempts=max_attempts)
-        client = make_client(llm, model, base_url, retry=retry)  # a missing key fails before the traffic is read
+        # a missing key fails before the traffic is read
+        client = make_client(llm, model, base_url, retry=retry, timeout_s=request_timeout)
     with progress() as bar:
         tasks: list[TaskID] = []  # added with the first rows read: an input refused before any draws no `0/?` bar
 

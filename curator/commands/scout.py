@@ -60,7 +60,8 @@ def scout(
     no_live: bool = typer.Option(False, "--no-live", help="Leave out the live table of agents (for logs)."),
     request_timeout: float = typer.Option(
         DEFAULT_TIMEOUT_S, "--request-timeout", min=0.001,
-        help="Seconds one model call may wait for its answer before it counts as a transient failure (retried).",
+        help="Seconds one model call may take, from sending to its answer's last byte, before it counts as a "
+             "transient failure (retried).",
     ),
     max_attempts: int = typer.Option(
         DEFAULT_RETRY.max_attempts, "--max-attempts", min=1,

@@ -162,3 +162,15 @@ def test_a_password_with_a_question_mark_or_hash_is_removed_whole() -> None:
 
     for url in ("https://u:p?x@host.com/v1", "https://u:p#x@host.com/v1"):
         assert public_url(url) == "https://host.com/v1"
+
+
+def test_error_text_names_a_redirects_location_without_credentials_and_an_empty_body() -> None:
+    """Issue 49 item 11: "HTTP 302 to GET /v1/models:" was followed by nothing."""
+    request = httpx.Request("GET", "http://h:8000/v1/models")
+    moved = httpx.Response(302, headers={"location": "https://bob:Pw-9q7Zx@login.example/sso?next=/v1"}, request=request)
+    text = http.error_text(moved)
+    assert text.startswith("redirect to https://login.example/sso?next=/v1") and "not followed" in text
+    assert "Pw-9q7Zx" not in text and "bob" not in text
+    assert http.error_text(httpx.Response(307, request=request)) == "redirect without a Location (not followed: give the final URL)"
+    assert http.error_text(httpx.Response(500, content=b"  \n", request=request)) == "empty body"
+    assert http.error_text(b"") == "empty body"

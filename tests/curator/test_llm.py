@@ -19,6 +19,8 @@ from curator.llm import (
     make_client,
 )
 from curator.scout.tools import TOOL_SPECS
+from tests.fakes.hostile_server import HostileServer, chat_answer
+from tests.fakes.hostile_server import Reply as HostileReply
 from tests.fakes.llm_servers import API_KEY, Reply, ScriptedLLMServer, View
 
 SYSTEM = "Agent id: tester\nCategory: coding\nFind datasets."
@@ -213,3 +215,85 @@ def test_unreachable_server_is_retried_then_reported() -> None:
     with pytest.raises(LLMError, match="cannot reach"):
         asyncio.run(go())
     assert time.perf_counter() - start < 10
+
+
+# -- issue 49 items 1 and 2: no password in any message; every call bounded in time and size ----
+
+PASSWORD = "Pw-9q7Zx"  # a URL password in no known key shape: only the URL form can give it away
+
+
+def _hostile(reply: HostileReply) -> HostileServer:
+    return HostileServer(lambda request: reply)
+
+
+def _messages_of(client, retries: int = 1) -> tuple[str, list[str]]:
+    """Return (the LLMError's text, every retry reason) of one call against `client`."""
+    reasons: list[str] = []
+
+    async def go() -> None:
+        try:
+            await client.complete(SYSTEM, client.user_message("Begin."), TOOL_SPECS,
+                                  on_retry=lambda a, w, r: reasons.append(r))
+        finally:
+            await client.aclose()
+
+    with pytest.raises(LLMError) as caught:
+        asyncio.run(go())
+    return str(caught.value), reasons
+
+
+@pytest.mark.parametrize(("reply", "said"), [
+    (HostileReply(b"<html>gateway says hello</html>"), "not JSON"),
+    (HostileReply(b'{"error": {"message": "down"}}', status=503), "HTTP 503"),
+    (HostileReply(b"", status=302), "HTTP 302"),
+    (HostileReply(b'{"choices": []}'), "without choices"),
+])
+def test_a_url_password_is_sent_as_basic_auth_and_named_in_no_message(reply: HostileReply, said: str) -> None:
+    server = _hostile(reply)
+    with server:
+        base = server.url.replace("http://", f"http://alice:{PASSWORD}@") + "/v1"
+        client = OpenAIClient("m", base, retry=RetryPolicy(max_attempts=2, base_delay_s=0.01))
+        assert PASSWORD not in client.url and PASSWORD not in client.endpoint
+        message, reasons = _messages_of(client)
+        sent = server.seen_headers[-1]
+    assert said in message and server.url in message, message
+    for text in [message, *reasons]:
+        assert PASSWORD not in text and "alice" not in text, text
+    assert sent["authorization"].startswith("Basic ")  # the credential still reaches the server
+
+
+def test_chat_completions_url_drops_user_and_password() -> None:
+    assert chat_completions_url(f"http://alice:{PASSWORD}@h:30000/v1") == "http://h:30000/v1/chat/completions"
+
+
+def _slow_answer() -> HostileReply:
+    # a valid answer, one byte every 50 ms: httpx's read timeout (the gap between bytes) never fires
+    return HostileReply(chat_answer("x" * 200), drip_s=0.05)
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+def test_a_server_dripping_bytes_is_cut_off_at_the_call_deadline(api: str) -> None:
+    with _hostile(_slow_answer()) as server:
+        policy = RetryPolicy(max_attempts=2, base_delay_s=0.01)
+        client = (AnthropicClient("m", api_key=API_KEY, base_url=server.url, retry=policy, timeout_s=1.0)
+                  if api == "anthropic" else OpenAIClient("m", server.url, retry=policy, timeout_s=1.0))
+        start = time.perf_counter()
+        message, reasons = _messages_of(client)
+        took = time.perf_counter() - start
+    assert took < 5, took  # two tries of 1 s each, not the ~15 s the drip takes
+    assert "no whole answer within 1 s" in message and "gave up after 2 attempts" in message, message
+    assert len(reasons) == 1  # a deadline is transient: retried once, then reported
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_answer_past_the_cap_is_refused_unread_and_not_retried(api: str, chunked: bool) -> None:
+    big = HostileReply(b'{"pad": "' + b"x" * 3_000_000 + b'"}', chunked=chunked)
+    server = _hostile(big)
+    with server:
+        client = (AnthropicClient("m", api_key=API_KEY, base_url=server.url, retry=FAST, max_answer_bytes=1_000_000)
+                  if api == "anthropic" else OpenAIClient("m", server.url, retry=FAST, max_answer_bytes=1_000_000))
+        message, reasons = _messages_of(client)
+        calls = len(server.seen_headers)
+    assert "larger than 1,000,000 bytes" in message, message
+    assert reasons == [] and calls == 1  # permanent: the same request would fetch it again

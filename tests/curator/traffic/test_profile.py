@@ -4,6 +4,7 @@ malformed lines counted, the optional LLM pass against local servers speaking th
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,24 @@ def test_a_request_log_given_as_a_profile_says_so_and_gives_the_profile_command(
                  "--profile", str(log)])
     err = capsys.readouterr().err
     assert code == 1 and "looks like a request log" in err and "curator profile --traffic" in err and "Extra data" not in err
+
+
+def test_llm_calls_are_bounded_and_a_url_password_is_never_printed(tmp_path: Path, capsys) -> None:
+    """Issue 49 items 1 and 2: a server dripping a byte every 50 ms held `profile --llm` for minutes,
+    and the error printed --base-url with its password."""
+    from tests.fakes.hostile_server import HostileServer, chat_answer
+    from tests.fakes.hostile_server import Reply as HostileReply
+
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text(json.dumps({"messages": [{"role": "user", "content": UNSURE}]}) + "\n")
+    with HostileServer(lambda request: HostileReply(chat_answer("x" * 400), drip_s=0.05)) as server:
+        url = server.url.replace("http://", "http://alice:Pw-9q7Zx@")
+        start = time.perf_counter()
+        code, console = run_profile(["--traffic", str(traffic), "--out", str(tmp_path / "p.json"), "--llm", "openai",
+                                     "--model", "judge", "--base-url", url, "--request-timeout", "1",
+                                     "--max-attempts", "1"], capsys)
+        took = time.perf_counter() - start
+    assert code == 1 and not (tmp_path / "p.json").exists()
+    assert took < 10, took  # the drip alone takes 25 s
+    assert "no whole answer within 1 s" in console and server.url in console, console
+    assert "Pw-9q7Zx" not in console and "alice" not in console
