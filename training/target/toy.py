@@ -18,6 +18,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from training.io.diskspace import named_disk_full
+
 PAD, EOS, BOS = "<|pad|>", "<|end|>", "<|begin|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 THINK_TOKENS = ["<think>", "</think>"]
@@ -116,9 +118,11 @@ def build_target(
 def save_target(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:
     """Write model (safetensors) and tokenizer (with chat template) to `out_dir`; return it."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    # a full disk is "disk full at OUT: N bytes free", not safetensors' "SafetensorError ... (os error 28)"
+    with named_disk_full(out):
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
     return out
 
 
