@@ -40,13 +40,12 @@ from curator.rows.readers import BrokenRow, Row, is_hub_id, open_source
 from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
-from curator.mix.survey import Examined, Survey, classify_prompt, importance_keys, survey
+from curator.mix.survey import MAX_REASONS, UNUSABLE, Examined, Survey, classify_prompt, importance_keys, survey
 from curator.mix.tap_source import Skipped, normaliser, request_part
 from curator.traffic.schema import Profile, load_profile
 from training.io.diskspace import named_disk_full
 from training.io.text import is_valid_unicode
 
-_MAX_REASONS = 20
 _EXCLUDED_KEY = 1 << 65  # past every 64-bit sampling key: held-out rows are walked last, and skipped
 
 
@@ -57,7 +56,9 @@ class SourceReport:
 
     Only the rows the sample's walk reaches are examined (normalised, filtered, deduplicated), so
     malformed, filtered, decontaminated and duplicates count the `examined` rows, not every row read:
-    a larger quota examines more rows and may find more. Held-out rows are counted over the whole source.
+    a larger quota examines more rows and may find more. A surveyed source (traffic, tap, --match)
+    was looked at whole: the rows its survey could not use are counted over the whole source (and
+    are among the examined), as are its held-out rows.
     """
 
     name: str
@@ -103,7 +104,7 @@ class SourceReport:
     def malformed_reason(self, reason: str) -> None:
         """Count one malformed row under its reason (distinct reasons capped, the rest under 'other')."""
         self.malformed += 1
-        key = reason if reason in self.malformed_reasons or len(self.malformed_reasons) < _MAX_REASONS else "other"
+        key = reason if reason in self.malformed_reasons or len(self.malformed_reasons) < MAX_REASONS else "other"
         self.malformed_reasons[key] += 1
 
     def filtered_reason(self, reason: str) -> None:
@@ -251,16 +252,15 @@ class _SourceRun:
                             self._on_read)
         self._read_counted = True
         self.report.heldout = int(self.found.excluded.sum())
-        if self.spec.is_traffic and self.found.read and not self.found.counts():
-            # not one usable row: the walk never visits them, so they are counted here, with their reasons
-            # (otherwise a source of 60 broken rows reads "60 read, 0 malformed" and nothing says why)
-            reasons, drops = self.found.unusable_reasons, self.found.unusable_drops
-            for i in range(self.found.read):
-                j = min(i, len(reasons) - 1)
-                if j >= 0 and drops[j] == "filtered":  # a tap log of error statuses, say: skipped with the reason
-                    self.report.filtered_reason(reasons[j])
-                else:
-                    self.report.malformed_reason(reasons[j] if j >= 0 else "malformed")
+        # The survey looked at every row: what it could not use is counted here, over the whole source,
+        # and passed over by the walk (a tap log's error statuses are its statuses, not the sample's).
+        for (drop, reason), n in sorted(self.found.unusable.items()):
+            if drop == "filtered":
+                self.report.filtered += n
+                self.report.filtered_reasons[reason] += n
+            else:
+                self.report.malformed += n
+                self.report.malformed_reasons[reason] += n
         if model is not None:
             self.keys = importance_keys(self.found, model, seed, self.name)
 
@@ -297,6 +297,8 @@ class _SourceRun:
         if found is not None and index < found.read:
             if found.excluded[index]:
                 return Examined(None, "heldout")
+            if found.codes[index] == UNUSABLE:
+                return Examined(None, "surveyed")  # counted by prepare()
             ex = self.examine(index, row)
             if ex.prompt is not None and self.spec.is_traffic:
                 return Examined(ex.prompt, source_id=ex.source_id, category=found.category(index))
@@ -350,7 +352,7 @@ class _SourceRun:
         for k, (index, ex) in enumerate(chunk):
             if not self._wanted():
                 break
-            if ex.drop == "heldout":
+            if ex.drop in ("heldout", "surveyed"):
                 self.decided.add(index)  # counted by the survey
                 continue
             if ex.drop == "malformed":

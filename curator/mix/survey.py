@@ -10,6 +10,7 @@ under --match, the row's feature buckets (2 bytes each).
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from curator.mix.sample import row_key
 from curator.mix.tap_source import request_part
 
 UNUSABLE = -1
+MAX_REASONS = 20  # distinct reasons a source's report keeps; the rest are counted under "other"
 _BATCH = 512
 
 
@@ -31,7 +33,7 @@ class Examined:
     """A row after normalising: its prompt (None when dropped), why dropped, its own id and category."""
 
     prompt: Conversation | None
-    drop: str | None = None  # "malformed" | "filtered" | "heldout"
+    drop: str | None = None  # "malformed" | "filtered" | "heldout" | "surveyed" (counted by the survey)
     reason: str | None = None
     source_id: str | None = None
     category: str | None = None
@@ -64,8 +66,8 @@ class Survey:
     excluded: np.ndarray  # bool per row: held out for evaluation, never in the mix
     heldout_conversations: int = 0
     features: FeatureStore | None = field(default=None, repr=False)
-    unusable_reasons: list[str] = field(default_factory=list, repr=False)  # why each UNUSABLE row was (first 1,000)
-    unusable_drops: list[str] = field(default_factory=list, repr=False)  # and how: "malformed" or "filtered"
+    # the UNUSABLE rows by (drop, reason): "malformed" or "filtered" (a tap record that is no whole exchange)
+    unusable: Counter[tuple[str, str]] = field(default_factory=Counter, repr=False)
 
     @property
     def read(self) -> int:
@@ -94,8 +96,7 @@ def survey(
     codes: list[int] = []
     convs: list[int] = []
     store = FeatureStore(buckets) if buckets is not None else None
-    reasons: list[str] = []
-    drops: list[str] = []
+    unusable: Counter[tuple[str, str]] = Counter()
     pending: tuple[list[int], list[str]] = ([], [])  # rows waiting for the feature store, and their user texts
     for index, row in enumerate(rows):
         if on_read is not None and index % 1000 == 999:
@@ -104,9 +105,9 @@ def survey(
         if ex.prompt is None:
             codes.append(UNUSABLE)
             convs.append(0)
-            if len(reasons) < 1000:
-                reasons.append(ex.reason or "malformed")
-                drops.append(ex.drop or "malformed")
+            key = (ex.drop or "malformed", ex.reason or "malformed")
+            # distinct reasons capped as a source report caps them (a broken line's reason names its line)
+            unusable[key if key in unusable or len(unusable) < MAX_REASONS else (key[0], "other")] += 1
             continue
         # A traffic row is converted, and its user text taken, once for the classifier and the features;
         # a tapped row is classified on its request, as `curator profile` reads the same log.
@@ -128,8 +129,7 @@ def survey(
         on_read(len(codes))
     code_array = np.asarray(codes, dtype=np.int16)
     excluded, n_conv = _heldout(code_array, np.asarray(convs, dtype=np.uint64), spec.heldout)
-    return Survey(list(names), code_array, excluded, n_conv, features=store, unusable_reasons=reasons,
-                  unusable_drops=drops)
+    return Survey(list(names), code_array, excluded, n_conv, features=store, unusable=unusable)
 
 
 def _heldout(codes: np.ndarray, convs: np.ndarray, heldout: int | float | None) -> tuple[np.ndarray, int]:

@@ -43,3 +43,24 @@ def test_counts_over_a_sample_say_they_cover_the_rows_examined(tmp_path: Path, c
     # the table's column and a plain line say what the counts are over
     assert "examined" in out and f"chat {part['examined']:,} of 61" in out
     assert "malformed, filtered, decontaminated and duplicates count the rows examined to fill the quotas" in out
+
+
+def test_a_surveyed_source_counts_what_it_cannot_use_over_every_row(tmp_path: Path) -> None:
+    from curator.mix import build_mix, recipe_from_dict
+
+    # a request log is surveyed whole (its categories, its held-out split): its malformed rows are known
+    # whatever the quota, so they are counted over the whole log
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"explain how {i} sockets and {i * 3} locks interact"}]})
+            for i in range(60)]
+    for at in (5, 25, 45):
+        rows.insert(at, "{not json")
+    rows.insert(50, json.dumps({"messages": []}))
+    (tmp_path / "traffic.jsonl").write_text("\n".join(rows) + "\n")
+    seen = []
+    for samples in (4, 40, 100):
+        recipe = recipe_from_dict({"name": "t", "sources": [{"path": str(tmp_path / "traffic.jsonl"), "name": "traffic",
+                                                              "format": "traffic", "samples": samples}]})
+        source = build_mix(recipe, tmp_path / f"mix-{samples}")["sources"][0]
+        assert source["read"] == source["examined"] + source["unsampled"] == 64
+        seen.append((source["malformed"], sum(source["malformed_reasons"].values())))
+    assert seen == [(4, 4)] * 3

@@ -188,3 +188,12 @@ def test_regenerate_applies_only_to_a_tap_source() -> None:
     with pytest.raises(ConfigError, match="at most one traffic source"):
         recipe_from_dict({"name": "x", "sources": [{"path": "a", "format": "tap", "samples": 1},
                                                    {"path": "b", "format": "traffic", "samples": 1}]})
+
+
+def test_what_a_tap_log_skips_is_counted_over_the_whole_log_whatever_the_quota(tmp_path: Path) -> None:
+    _log(tmp_path)
+    recipe = _recipe(tmp_path)
+    recipe.write_text(recipe.read_text().replace("samples: 100", "samples: 2"))
+    source = build_mix(load_recipe(recipe), tmp_path / "mix")["sources"][0]
+    assert (source["kept"], source["filtered"], source["malformed"]) == (2, 5, 0)
+    assert source["examined"] + source["unsampled"] == source["read"] == 19
