@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -296,6 +296,8 @@ def recipe_from_dict(data: Any, where: str = "recipe") -> Recipe:
                 msg = "unknown key" + _did_you_mean(loc)
             else:
                 msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "literal_error" and isinstance(err.get("input"), str):
+                    msg += _did_you_mean(loc, err["input"])
             problems.append(f"{_loc(loc)}: {msg}")
         raise ConfigError(f"{where}: " + "; ".join(problems)) from None
 
@@ -307,19 +309,32 @@ _MODELS: dict[tuple[str, ...], type[BaseModel]] = {
 }
 
 
-def _did_you_mean(loc: tuple[Any, ...]) -> str:
+def _did_you_mean(loc: tuple[Any, ...], value: str | None = None) -> str:
     """Return "; did you mean `samples`?" for a misspelt key (`sampels`), else "" (with the keys the
-    place takes when the key is like none of them)."""
+    place takes when the key is like none of them); with `value`, the same for a misspelt choice of
+    the key at `loc` (`format: sharegtp`)."""
     if not loc or not isinstance(loc[-1], str):
         return ""
     model = _MODELS.get(tuple(part for part in loc[:-1] if isinstance(part, str)))
     if model is None:
         return ""
+    if value is not None:
+        field = model.model_fields.get(loc[-1])
+        choices = _choices(field.annotation) if field is not None else []
+        close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r}?" if close else ""
     known = list(model.model_fields)
     close = difflib.get_close_matches(loc[-1].lower().replace("-", "_"), known, n=1, cutoff=0.6)
     if close:
         return f"; did you mean `{close[0]}`?"
     return f" (keys here: {', '.join(known)})"
+
+
+def _choices(annotation: Any) -> list[str]:
+    """Return the string choices of a Literal annotation (inside Optional too)."""
+    if get_origin(annotation) is Literal:
+        return [a for a in get_args(annotation) if isinstance(a, str)]
+    return [c for arg in get_args(annotation) for c in _choices(arg)]
 
 
 def load_recipe(path: str | Path) -> Recipe:

@@ -50,6 +50,9 @@ def test_a_misspelt_key_gets_a_did_you_mean_at_every_level(tmp_path):
     for typo, key in (("sede", "seed"), ("sources[0].sampels", "samples"), ("sources[0].keep_response", "keep_responses"),
                       ("dedup.neer", "near"), ("filters.max_prompt_char", "max_prompt_chars")):
         assert f"{typo}: unknown key; did you mean `{key}`?" in msg
+    path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: 5\n    format: sharegtp\n")
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.format: Input should be .*; did you mean 'sharegpt'\?"):
+        load_recipe(path)
     path = _write(tmp_path, "name: x\nsources:\n  - path: a.jsonl\n    samples: 5\n    colour: blue\n")
     with pytest.raises(ConfigError, match=r"sources\[0\]\.colour: unknown key \(keys here: dataset, path, "):
         load_recipe(path)
