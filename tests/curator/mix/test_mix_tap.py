@@ -14,6 +14,7 @@ import pytest
 
 from curator.cli import main
 from curator.errors import ConfigError
+from curator.evaluation.weighting import recorded_serves
 from curator.generate import GenerateConfig, generate
 from curator.mix import load_recipe, open_mix, recipe_from_dict
 from curator.mix.build import build_mix
@@ -155,6 +156,8 @@ def test_a_tap_sources_heldout_split_holds_the_requests_and_stays_out_of_the_mix
     held, malformed = mix_prompts(tmp_path / "mix" / ".heldout")  # what `curator eval --prompts MIX/.heldout` reads
     assert malformed == 0 and manifest["heldout"]["conversations"] == 4 and len(held) == manifest["heldout"]["rows"] == 4
     assert all(p.messages[-1]["role"] == "user" for p in held)  # the request the eval asks, not the tapped answer
+    serves, _ = recorded_serves(tmp_path / "mix" / ".heldout")  # what `curator eval --profile` weights them by
+    assert {p.category for p in held} <= set(serves) and all(serves[p.category] == p.category for p in held)
     users = {p.messages[-1]["content"] for p in held}
     kept = {r.messages[1]["content"] for r in open_mix(tmp_path / "mix").rows()}
     assert len(kept) == 10 and not users & kept
