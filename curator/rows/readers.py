@@ -129,6 +129,10 @@ def _jsonl_lines(fh: Any, path: Path) -> Iterator[Row]:
         try:
             value = json.loads(line)
         except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
+            if not line.endswith(b"\n"):  # only the last line lacks its newline: the file is cut off in it
+                yield BrokenRow(f"truncated: broken JSON line at the end of {path.name}, which ends inside line "
+                                f"{lineno:,} ({len(line):,} bytes of it)", truncated=True)
+                continue
             yield BrokenRow(f"broken JSON line ({path.name}:{lineno})")
             continue
         except RecursionError:

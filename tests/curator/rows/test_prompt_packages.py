@@ -125,6 +125,18 @@ def test_a_cut_off_or_foreign_gzip_file_gives_a_named_row_not_a_traceback(tmp_pa
     assert gzip.decompress(whole)  # the fixture itself is whole
 
 
+def test_a_jsonl_file_cut_off_inside_its_last_line_says_so(tmp_path):
+    text = (FIXTURES / IFBENCH).read_bytes()
+    cut = tmp_path / "IFBench_test.jsonl"
+    cut.write_bytes(text[: len(text) - 40])
+    rows = _rows(cut)
+    assert rows[0]["key"] == "0" and isinstance(rows[1], BrokenRow) and rows[1].truncated
+    assert rows[1].reason.startswith("truncated: broken JSON line at the end of IFBench_test.jsonl, which ends inside line 2")
+    # a broken line in the middle is broken, not a cut-off file
+    cut.write_bytes(b"{broken\n" + text)
+    assert [isinstance(r, BrokenRow) and not r.truncated for r in _rows(cut)] == [True, False, False]
+
+
 def test_a_file_not_in_its_named_format_counts_its_rows_malformed(tmp_path):
     recipe = tmp_path / "r.yaml"
     shutil.copy(FIXTURES / MTBENCH, tmp_path / "question.jsonl")
