@@ -208,6 +208,13 @@ def test_build_mix_from_a_catalog_that_does_not_exist_is_an_error_that_creates_n
     assert main(["build-mix", "--from-catalog", "--out", "mix", "--catalog", str(tmp_path / "named.duckdb")]) == 1
     assert f"no catalog at {tmp_path / 'named.duckdb'}" in " ".join(capsys.readouterr().err.split())
     assert list(tmp_path.iterdir()) == []
+    # a recipe's license filter reads the catalog too: none there is an error, not an empty catalog made
+    recipe = _recipe(tmp_path)
+    recipe.write_text(recipe.read_text() + "filters:\n  licenses: [apache-2.0]\n")
+    assert main(["build-mix", "--recipe", str(recipe), "--out", "mix"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no catalog at catalog.duckdb (the recipe's license filter reads the datasets' licenses from it)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl", "recipe.yaml"]
 
 
 # -- generate ------------------------------------------------------------------------------------------
