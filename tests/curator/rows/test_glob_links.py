@@ -43,3 +43,14 @@ def test_a_glob_matches_real_files_under_double_star(tmp_path):
         "d/top.jsonl", "d/x/mid.jsonl", "d/x/y/deep.jsonl"]
     assert glob_files("d/x/*.jsonl", tmp_path) == [tmp_path / "d/x/mid.jsonl"]
     assert glob_files(str(tmp_path / "d/top.jsonl"), tmp_path) == [tmp_path / "d/top.jsonl"]
+
+
+def test_a_path_folder_with_self_links_lists_its_real_files_once(tmp_path):
+    from curator.rows.readers import local_files
+
+    data = tmp_path / "d"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "a.jsonl").write_text("{}\n")
+    (data / "loop").symlink_to(".", target_is_directory=True)
+    (data / "sub" / "up").symlink_to("..", target_is_directory=True)
+    assert local_files(data) == [data / "sub" / "a.jsonl"]
