@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import re
 import threading
@@ -33,6 +32,7 @@ import httpx
 from curator import http
 from curator.errors import HubError
 from training.io.atomic import write_json
+from training.io.jsonfile import JSONFileError, read_json
 
 VIEWER_URL_ENV = "CURATOR_VIEWER_URL"
 DEFAULT_VIEWER_URL = "https://datasets-server.huggingface.co"
@@ -138,11 +138,66 @@ class DatasetDetails:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DatasetDetails:
-        """Return details rebuilt from `asdict` output (as stored in a snapshot)."""
-        data = dict(data)
-        data["splits"] = [SplitInfo(**s) for s in data.get("splits", [])]
+        """Return details rebuilt from `asdict` output (as stored in a snapshot).
+
+        A snapshot is a file anyone can edit: every field is checked against its type here
+        (ValueError naming the first that is not), so a `downloads: "many"` or `tags: 5` is a
+        skipped record, not a TypeError inside an agent's tool call.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"a dataset record is a {type(data).__name__}, not an object")
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        for name, value in fields.items():
+            if not _FIELD_TYPES[name](value):
+                raise ValueError(f"{name} is {type(value).__name__} {_shown(value)}, not {_FIELD_WORDS[name]}")
+        splits = fields.get("splits", [])
+        fields["splits"] = [SplitInfo(config=s["config"], split=s["split"], num_rows=s.get("num_rows")) for s in splits]
+        return cls(**fields)
+
+
+def _shown(value: Any) -> str:
+    """Return a snapshot value for a message, cut short (it may be a 4,000-digit number or nested 900 deep)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return "(not shown)"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def _text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _split(value: Any) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("config"), str) and isinstance(value.get("split"), str)
+            and _count(value.get("num_rows")))
+
+
+# What each DatasetDetails field may hold in a snapshot, and how a refusal says it
+_FIELD_TYPES: dict[str, Callable[[Any], bool]] = {
+    "id": lambda v: isinstance(v, str) and bool(v), "sha": _text, "author": _text, "license": _text,
+    "gated": lambda v: isinstance(v, (bool, str)), "downloads": _count, "likes": _count, "tags": _texts,
+    "task_categories": _texts, "languages": _texts, "size_category": _text, "last_modified": _text,
+    "card_text": lambda v: isinstance(v, str), "splits": lambda v: isinstance(v, list) and all(_split(s) for s in v),
+    "num_rows": _count, "num_bytes": _count,
+    "features": lambda v: isinstance(v, dict) and all(isinstance(t, str) for t in v.values()),
+    "preview_config": _text, "preview_split": _text,
+    "example_rows": lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v), "viewer_error": _text,
+}
+_FIELD_WORDS = {**dict.fromkeys(_FIELD_TYPES, "text or null"), "id": "a dataset id", "gated": "true/false or text",
+                **dict.fromkeys(("downloads", "likes", "num_rows", "num_bytes"), "a count or null"),
+                **dict.fromkeys(("tags", "task_categories", "languages"), "a list of text"), "card_text": "text",
+                "splits": "a list of {config, split, num_rows}", "features": "an object of column: type",
+                "example_rows": "a list of objects"}
 
 
 @dataclass
@@ -565,22 +620,38 @@ class SnapshotHub(HubClient):
         super().__init__()
         self.path = Path(path)
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = read_json(self.path)  # nesting 100K deep or a 5,000-digit number: named, not a RecursionError
         except FileNotFoundError as exc:
             raise HubError(f"Hub snapshot {self.path} does not exist; make one with `curator hub snapshot --out FILE`") from exc
-        except (OSError, ValueError) as exc:
-            raise HubError(f"Hub snapshot {self.path} is not readable JSON: {exc}") from exc
+        except JSONFileError as exc:
+            raise HubError(f"Hub snapshot {exc}") from None
         if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
             raise HubError(f"{self.path} is not a curator Hub snapshot (expected format {SNAPSHOT_FORMAT!r})")
+        searches, datasets = data.get("searches", {}), data.get("datasets", {})
+        for key, value, holds in (("searches", searches, "query: [dataset ids]"), ("datasets", datasets, "id: record")):
+            if not isinstance(value, dict):
+                raise HubError(f"Hub snapshot {self.path}: {key} is a {type(value).__name__}, not an object of "
+                               f"{holds}; make the file again with `curator hub snapshot --out FILE`")
         self.meta = {k: v for k, v in data.items() if k not in ("datasets", "searches")}
-        self.searches: dict[str, list[str]] = {k.lower(): list(v) for k, v in data.get("searches", {}).items()}
-        self.datasets: dict[str, DatasetDetails] = {}
         self.skipped = 0
-        for dataset_id, record in data.get("datasets", {}).items():
+        self.searches: dict[str, list[str]] = {}
+        for query, ids in searches.items():
+            if _texts(ids):
+                self.searches[query.lower()] = list(ids)
+            else:
+                self.skipped += 1  # a recorded search that is not a list of ids: left out (the query matches locally)
+        self.datasets: dict[str, DatasetDetails] = {}
+        first: str | None = None  # why the first record was skipped
+        for dataset_id, record in datasets.items():
             try:
-                self.datasets[dataset_id] = DatasetDetails.from_dict({**record, "id": dataset_id})
-            except (TypeError, ValueError):
+                self.datasets[dataset_id] = DatasetDetails.from_dict({**record, "id": dataset_id}
+                                                                     if isinstance(record, dict) else record)
+            except (TypeError, ValueError) as exc:
                 self.skipped += 1  # a hand-edited record that no longer parses: count it, keep the rest
+                first = first or f"{dataset_id}: {exc}"
+        if datasets and not self.datasets:  # nothing left to scout: said here, not as "no candidates" later
+            raise HubError(f"Hub snapshot {self.path}: none of its {len(datasets)} dataset records parses "
+                           f"(the first: {first}); make the file again with `curator hub snapshot --out FILE`")
 
     async def _search(self, query: str, limit: int) -> list[DatasetHit]:
         recorded = self.searches.get(query.lower())

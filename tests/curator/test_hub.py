@@ -266,6 +266,58 @@ def test_missing_or_foreign_snapshot_file_is_a_clear_error(tmp_path):
         SnapshotHub(tmp_path / "other.json")
 
 
+def _bundled() -> dict:
+    return json.loads(bundled_snapshot_path().read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("shape", ["datasets a list", "datasets nested 100K deep", "searches a list"])
+def test_a_snapshot_of_the_wrong_shape_is_a_hub_error(tmp_path, shape):
+    """`scout --hub FILE` ended in "unexpected AttributeError/RecursionError" (issue 49 item 8)."""
+    data = _bundled()
+    if shape == "datasets a list":
+        data["datasets"] = list(data["datasets"].items())
+        text = json.dumps(data)
+    elif shape == "searches a list":
+        data["searches"] = [1, 2]
+        text = json.dumps(data)
+    else:
+        text = '{"format": %s, "datasets": %s}' % (json.dumps(data["format"]), "[" * 100_000 + "]" * 100_000)
+    path = tmp_path / "snap.json"
+    path.write_text(text)
+    with pytest.raises(HubError, match=f"Hub snapshot {path}"):
+        SnapshotHub(path)
+
+
+WRONG_TYPES = {"downloads": "many", "tags": 5, "card_text": 7, "num_rows": "x", "likes": 1.5, "gated": 3,
+               "splits": [{"config": 1, "split": [], "num_rows": "a"}], "features": [1], "example_rows": "x",
+               "license": 3, "size_category": 5, "task_categories": "code", "languages": [1], "last_modified": 5}
+
+
+@pytest.mark.parametrize("field", WRONG_TYPES)
+def test_a_wrongly_typed_snapshot_record_is_skipped_and_counted(tmp_path, field):
+    """Such a record reached the agents, whose tools ended in a raw TypeError (issue 49 item 8)."""
+    data = _bundled()
+    bad = "nebius/SWE-agent-trajectories"
+    data["datasets"][bad][field] = WRONG_TYPES[field]
+    data["datasets"]["not/an-object"] = ["a", "list"]
+    data["searches"]["swe agent"] = 5
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(data))
+    hub = SnapshotHub(path)
+    assert bad not in hub.datasets and "not/an-object" not in hub.datasets and hub.skipped == 3
+    assert len(hub.datasets) == len(data["datasets"]) - 2
+    hits = asyncio.run(hub.search("swe agent trajectories", 20))  # matched locally: the others still serve
+    assert bad not in [h.id for h in hits]
+    for details in hub.datasets.values():  # what the agents' tools read of every record still works
+        asyncio.run(hub.inspect(details.id)).catalog_record()
+    for record in data["datasets"].values():
+        if isinstance(record, dict):
+            record[field] = WRONG_TYPES[field]
+    path.write_text(json.dumps(data))
+    with pytest.raises(HubError, match=f"none of its .* dataset records parses .*{field}"):
+        SnapshotHub(path)
+
+
 def test_bundled_snapshot_holds_real_ids_small_and_labelled():
     path = bundled_snapshot_path()
     assert path.stat().st_size < 300_000

@@ -25,7 +25,7 @@ def parse_json(text: str | bytes) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise ValueError("nested deeper than any config file is") from None
+        raise ValueError("nested deeper than Python's JSON parser goes") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the integer digit limit
         raise ValueError(str(exc).split("; use sys.set_int_max_str_digits")[0]) from None
 

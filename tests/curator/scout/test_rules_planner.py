@@ -189,3 +189,22 @@ def test_allocation_respects_caps_and_hands_the_rest_to_others():
 def test_empty_catalog_has_nothing_to_propose(tmp_path):
     with pytest.raises(ConfigError, match="no candidates"):
         propose_mix(merge_candidates(Catalog.open(tmp_path / "c.duckdb")), load_briefs(AGENTS_DIR), GOAL)
+
+
+def test_wrongly_typed_snapshot_records_never_reach_the_agents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A snapshot whose records had `license: 3` made every agent fail with a raw AttributeError/TypeError
+    (issue 49 item 8): such records are skipped when the snapshot is read; the agents scout the rest."""
+    from curator.cli import main
+
+    data = json.loads(bundled_snapshot_path().read_text(encoding="utf-8"))
+    keep = "nebius/SWE-agent-trajectories"
+    for dataset_id, record in data["datasets"].items():
+        if dataset_id != keep:
+            record["license"] = 3
+    snap = tmp_path / "snap.json"
+    snap.write_text(json.dumps(data))
+    code = main(["scout", "--planner", "rules", "--hub", str(snap), "--no-live", "--agents", "2",
+                 "--catalog", str(tmp_path / "c.duckdb")])
+    out = capsys.readouterr()
+    assert "Error" not in out.out + out.err and "failed:" not in out.out + out.err, out.out + out.err
+    assert code in (0, 1)  # 1 only for "no candidates" among one dataset, said in words
