@@ -650,7 +650,8 @@ def tooltalk(row: Mapping[str, Any]) -> Conversation:
     """Return a ToolTalk conversation: user and assistant turns (`text`), an assistant turn's `apis` as
     its tool calls followed by their results (`{"response", "exception"}` as ToolTalk shows them), and
     the schemas of the APIs of `suites_used` as the tools offered (`tools`, added by the reader from
-    the package's API classes; `tools_error` when they do not convert)."""
+    the package's API classes; `tools_error` when they do not convert). The closing user turn, which
+    ToolTalk never answers, is left out."""
     if isinstance(row.get("tools_error"), str):
         raise MalformedRow(row["tools_error"])
     if not isinstance(row.get("tools"), list):
@@ -685,6 +686,10 @@ def tooltalk(row: Mapping[str, Any]) -> Conversation:
                                     ensure_ascii=False)
                 conv.append(Turn("tool", result, tool_call_id=call["id"]))
         conv.append((role, text))
+    if len(conv) > 1 and conv[-1][0] == "user":
+        # ToolTalk ends each conversation on a user turn that is never answered ("Thanks, that's all"):
+        # without it the turn answered (turns=last) is the assistant's after its last calls and results.
+        conv.pop()
     return pair_tool_turns(conv)
 
 

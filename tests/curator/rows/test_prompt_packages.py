@@ -84,13 +84,14 @@ def test_tooltalk_calls_results_and_schemas_from_the_api_classes():
         "type": "object", "required": ["time"],
         "properties": {"time": {"type": "string", "description": "The time for alarm. Format: %H:%M:%S"}}}
     roles = [t[0] for t in conv]
-    assert roles == ["user", "assistant", "tool", "assistant", "user"]
+    assert roles == ["user", "assistant", "tool", "assistant"]  # the closing, never answered, user turn left out
     call = conv[1].tool_calls[0]
     # ToolTalk's executor adds the session token; the schemas do not offer it, so the calls do not carry it
     assert call["function"] == {"name": "AddAlarm", "arguments": json.dumps({"time": "18:30:00"})}
     assert conv[2].tool_call_id == call["id"] and json.loads(conv[2][1]) == {
         "response": {"alarm_id": "5bff-dd80"}, "exception": None}
-    assert to_prompt(conv, "last", False)[-1] == ("user", "Thanks, I think I'll take a quick nap.")
+    # turns=last: the target answers after the call's result, as ToolTalk's assistant did
+    assert to_prompt(conv, "last", False)[-1] == conv[2]
 
 
 def test_tooltalk_apis_that_do_not_convert_count_their_conversations_malformed(tmp_path):
@@ -177,7 +178,7 @@ def test_build_mix_reads_every_package_in_its_layout(tmp_path):
     mix = {r.source: r for r in open_mix(tmp_path / "out").rows() if isinstance(r, MixRow)}
     assert answer_points(mix["mtbench"]) == [0, 1] and [m["role"] for m in mix["mtbench"].messages] == ["user", "user"]
     talk = mix["tooltalk"]
-    assert answer_points(talk) == [len(talk.messages) - 1] and talk.messages[-1]["role"] == "user"
+    assert answer_points(talk) == [len(talk.messages) - 1] and talk.messages[-1]["role"] == "tool"
     assert any(m["role"] == "tool" for m in talk.messages) and talk.tools
 
 
