@@ -38,6 +38,26 @@ ENV_VAR = "CURATOR_CATALOG"
 DEFAULT_PATH = "catalog.duckdb"
 LOCK_WAIT_S = 10.0  # how long one process may keep the file before a waiter gives up
 LOCK_POLL_MAX_S = 0.05  # the waiter at the front tries again at least this often
+
+# Every connection this toolkit opens: no extension is installed or loaded behind the user's back.
+# DuckDB's defaults would fetch httpfs from extensions.duckdb.org (a network call and a folder
+# under ~/.duckdb) the moment a query names an https:// URL or an s3:// path. Set by SET, not by
+# connect(config=...): a file open twice in one process must be opened with one configuration,
+# and the setting is the database's, so it holds for every connection to it.
+_NO_EXTENSIONS = "SET autoinstall_known_extensions = false; SET autoload_known_extensions = false"
+
+
+def connect_duckdb(database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """Return a DuckDB connection that installs and loads no extension by itself."""
+    con = duckdb.connect(database)
+    try:
+        con.execute(_NO_EXTENSIONS)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
 STATUSES = ("proposed", "approved", "rejected")
 
 # Each migration brings the schema from version i to i+1; all are idempotent so that a crash
@@ -297,7 +317,7 @@ class Catalog:
             holder: tuple[str, str] | None = None
             while True:
                 try:
-                    return duckdb.connect(str(self.path))
+                    return connect_duckdb(str(self.path))
                 except duckdb.IOException as exc:
                     message = str(exc)
                     if "lock" not in message.lower():
@@ -714,7 +734,7 @@ class _Turnstile:
 @functools.cache
 def _expected_schema() -> dict[str, frozenset[str]]:
     """Return the tables and columns the migrations make (built once, in memory; not to be changed)."""
-    con = duckdb.connect(":memory:")
+    con = connect_duckdb()
     try:
         for migration in MIGRATIONS:
             con.execute(migration)

@@ -30,8 +30,9 @@ class OutputFormat(str, Enum):
 
 
 def sql(
-    statement: str = typer.Argument(..., help="SQL for review, reads and row changes: SELECT (also over parquet files), "
-                                   "UPDATE, INSERT, DELETE; several separated by ';'. Schema changes (DROP, ALTER, "
+    statement: str = typer.Argument(..., help="SQL for review, reads and row changes: SELECT (also over local files: "
+                                   "'mix/*.parquet'), UPDATE, INSERT, DELETE; several separated by ';' run as one "
+                                   "transaction, all or nothing (a final ROLLBACK makes a dry run). Schema changes (DROP, ALTER, "
                                    "CREATE, ATTACH, COPY, ...), also under EXPLAIN, and changes to curator's "
                                    "schema_version are refused. A SELECT reads any file you can "
                                    "(read_csv('/etc/passwd')): your own power, never the toolkit's."),

@@ -279,3 +279,70 @@ def test_a_catalog_missing_a_column_names_it(tmp_path: Path, capsys: pytest.Capt
     assert main(["catalog", "list", "--catalog", str(path)]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "candidates: relevance" in err and "unexpected" not in err
+
+
+# -- issue 49 item 9: no extension fetched; a batch is all or nothing; BEGIN ... COMMIT works ------
+
+
+@pytest.mark.parametrize("query", ["SELECT * FROM 'https://127.0.0.1:9/x.csv'",
+                                   "SELECT * FROM read_json('https://127.0.0.1:9/x.json')"])
+@pytest.mark.parametrize("with_catalog", [False, True])
+def test_sql_over_a_url_fetches_no_extension(
+    query: str, with_catalog: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # where DuckDB would install httpfs (~/.duckdb/extensions)
+    path = Catalog.open(tmp_path / "c.duckdb").path if with_catalog else tmp_path / "none.duckdb"
+    assert main(["sql", query, "--catalog", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "requires the extension httpfs" in err and "installs and loads no DuckDB extension" in err, err
+    assert not (tmp_path / ".duckdb").exists()
+
+
+def test_every_catalog_connection_has_automatic_extensions_off(catalog: Catalog) -> None:
+    _, rows = catalog.query("SELECT current_setting('autoinstall_known_extensions'), "
+                            "current_setting('autoload_known_extensions')")
+    assert rows == [(False, False)]
+
+
+def _statuses(catalog: Catalog) -> list[str]:
+    return [row[0] for row in catalog.query("SELECT status FROM candidates ORDER BY id")[1]]
+
+
+def test_a_batch_whose_later_statement_fails_changes_nothing(catalog: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    catalog.add_candidate("run", "reasoning", "open-r1/Mixture-of-Thoughts", "reasoning", 0.9, "traces", 25000)
+    batch = "UPDATE candidates SET status = 'approved'; DELETE FROM candidates; SELECT * FROM no_such_table"
+    assert main(["sql", batch, "--catalog", str(catalog.path)]) == 1
+    err = capsys.readouterr().err
+    assert "statement 3 of 3" in err and "no_such_table" in err and "nothing was changed" in err, err
+    assert _statuses(catalog) == ["proposed"]
+
+
+def test_begin_commit_is_accepted_and_a_final_rollback_is_a_dry_run(
+    catalog: Catalog, capsys: pytest.CaptureFixture[str]
+) -> None:
+    catalog.add_candidate("run", "reasoning", "open-r1/Mixture-of-Thoughts", "reasoning", 0.9, "traces", 25000)
+    path = str(catalog.path)
+    dry = "BEGIN TRANSACTION; UPDATE candidates SET status = 'rejected'; SELECT status FROM candidates; ROLLBACK"
+    assert main(["sql", dry, "--format", "csv", "--catalog", path]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["status", "rejected"]  # seen inside the batch
+    assert _statuses(catalog) == ["proposed"]  # and undone
+    assert main(["sql", "BEGIN; UPDATE candidates SET status = 'approved'; COMMIT", "--catalog", path]) == 0
+    assert _statuses(catalog) == ["approved"]
+    assert main(["sql", "UPDATE candidates SET status = 'rejected'; ROLLBACK; SELECT 1", "--catalog", path]) == 1
+    assert "ROLLBACK may only end it" in capsys.readouterr().err
+    assert _statuses(catalog) == ["approved"]  # refused before anything ran
+
+
+def test_a_path_without_an_extension_gets_the_fix_not_no_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 46 item 4: `curator sql "SELECT * FROM 'mix/*'"` said there is no catalog."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mix").mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"]}), tmp_path / "mix" / "part-0.parquet")
+    assert main(["sql", "SELECT * FROM 'mix/*'"]) == 1
+    err = capsys.readouterr().err
+    assert "'mix/*.parquet'" in err and "read_parquet('mix/*')" in err and "no catalog" not in err, err
+    assert main(["sql", "SELECT count(*) FROM 'mix/*.parquet'", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["count_star()", "2"]
+    assert not (tmp_path / "catalog.duckdb").exists()
