@@ -5,13 +5,17 @@ included) and the next run takes it over at once; the file's content (PID and ho
 to name the holder in the refusal. A run that finishes removes the file while still holding it,
 and a run that got the lock checks that the path still names the file it locked, so a waiter that
 opened the old file just before it was removed cannot end up writing beside a newer holder.
+Nothing is ever written through a link planted at the lock path: a symlink or a second hard link
+there is removed (the file it names keeps its content) and the lock file made anew.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import stat
 from pathlib import Path
 
 from training.errors import TrainingError
@@ -41,9 +45,22 @@ class OutputLock:
             made = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
             self.folder.mkdir(parents=True, exist_ok=True)
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                # never through a link: a symlink planted at the lock path would have the record
+                # (and the truncation before it) written into whatever file it points to
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except FileNotFoundError:  # a holder that failed removed its empty folder as we made it
                 continue
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # a symlink: removed (its target untouched), our own file made
+                    self._remove_planted()
+                    continue
+                raise TrainingError(f"cannot open the lock file {self.path} ({exc.strerror}); "
+                                    "remove it or use another output folder") from None
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                os.close(fd)
+                raise TrainingError(f"{self.path} is in the way of the lock file (not a regular file); "
+                                    "remove it or use another output folder")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -55,9 +72,15 @@ class OutputLock:
                     "wait for it to finish or use another output folder"
                 ) from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                same = info.st_ino == os.stat(self.path, follow_symlinks=False).st_ino
             except FileNotFoundError:
                 same = False
+            if same and info.st_nlink > 1:
+                # a hard link planted at the lock path: the record would overwrite the other name's
+                # file; drop our name for it (that file keeps its content) and make our own
+                os.close(fd)
+                self.path.unlink(missing_ok=True)
+                continue
             if same:
                 break
             os.close(fd)  # the previous holder removed the file as we opened it: lock the new one
@@ -73,11 +96,19 @@ class OutputLock:
             raise
         return self
 
+    def _remove_planted(self) -> None:
+        """Remove a symlink at the lock path (only a symlink: the file it points to is never touched)."""
+        try:
+            if stat.S_ISLNK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
     def holder(self) -> str | None:
         """Return who holds the lock ("PID n on host") while a live process does, else None (takes nothing)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # absent, or a link or something else no holder made: nobody holds it
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -31,3 +31,28 @@ def test_a_full_disk_writing_the_lock_record_is_the_named_error_and_leaves_no_lo
         assert (out / ".train.lock").read_text().split()[0] == str(os.getpid())
         assert lock.holder() == f"PID {os.getpid()} on {socket.gethostname()}"
     assert not (out / ".train.lock").exists()
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_a_link_planted_at_the_lock_path_is_never_written_through(tmp_path: Path, link: str) -> None:
+    """A symlink at `.train.lock` had the lock record written into the file it pointed to (issue 49 item 11)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    lock_path = out / ".train.lock"
+    (lock_path.symlink_to if link == "symlink" else lock_path.hardlink_to)(victim)
+    with OutputLock(out, ".train.lock", "curator train") as lock:
+        assert victim.read_text() == "precious\n"
+        assert not lock_path.is_symlink() and lock_path.stat().st_ino != victim.stat().st_ino
+        assert lock_path.read_text().split()[0] == str(os.getpid())
+        assert lock.holder() is not None
+    assert victim.read_text() == "precious\n" and not lock_path.exists()
+
+
+def test_a_folder_in_the_way_of_the_lock_file_is_a_named_refusal(tmp_path: Path) -> None:
+    from training.errors import TrainingError
+
+    (tmp_path / ".train.lock").mkdir()
+    with pytest.raises(TrainingError, match="lock file"):
+        OutputLock(tmp_path, ".train.lock", "curator train").acquire()
