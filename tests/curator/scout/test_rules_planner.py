@@ -204,7 +204,7 @@ def test_wrongly_typed_snapshot_records_never_reach_the_agents(tmp_path: Path, c
     snap = tmp_path / "snap.json"
     snap.write_text(json.dumps(data))
     code = main(["scout", "--planner", "rules", "--hub", str(snap), "--no-live", "--agents", "2",
-                 "--catalog", str(tmp_path / "c.duckdb")])
+                 "--catalog", str(tmp_path / "c.duckdb"), "--recipe-out", str(tmp_path / "proposed.yaml")])
     out = capsys.readouterr()
     assert "Error" not in out.out + out.err and "failed:" not in out.out + out.err, out.out + out.err
     assert code in (0, 1)  # 1 only for "no candidates" among one dataset, said in words
