@@ -137,12 +137,12 @@ def capture_hidden_states(
         return run(local, s.data, s.out, layer_ids=meta.aux_layer_ids, dtype=s.dtype, has_final=s.has_final,
                    max_len=s.max_len, batch_tokens=s.batch_tokens, read_stats=read,
                    on_batch=lambda n, _tokens: advance(n))
-    return _capture_vllm(s, local, tokenizer, meta, read, advance)
+    return _capture_vllm(s, local, tokenizer, meta, read, advance, max_positions(config))
 
 
 def _capture_vllm(
     s: CaptureSettings, local: Path, tokenizer: Any, meta: StoreMeta, read: GenerationReadStats,
-    advance: Callable[[int], None],
+    advance: Callable[[int], None], positions: int | None,
 ) -> ExtractStats:
     from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
 
@@ -155,6 +155,7 @@ def _capture_vllm(
     norm = load_final_norm(local) if meta.has_final else None
     with claim_store(s.out):  # one run per store; what a killed run left is removed first
         stats = asyncio.run(extract_vllm(opts, tokenizer, iter_generation(s.data, read), s.out, meta, norm=norm,
-                                         max_len=s.max_len, on_sample=lambda _t: advance(1)))
+                                         max_len=s.max_len, positions=positions,
+                                         on_sample=lambda _t: advance(1)))
         merge_index(s.out)
     return stats

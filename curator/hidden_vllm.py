@@ -397,9 +397,11 @@ async def extract_vllm(
     *,
     norm: tuple[torch.Tensor, float] | None,
     max_len: int | None = None,
+    positions: int | None = None,
     on_sample: Callable[[int], None] | None = None,
 ) -> ExtractStats:
-    """Capture every not-yet-stored record through the engines into the store; return the counts."""
+    """Capture every not-yet-stored record through the engines into the store; return the counts
+    (a record longer than the target's `positions` is skipped as too_long, as the transformers backend does)."""
     if not opts.endpoints:
         raise ConfigError("--backend vllm needs at least one --endpoint URL")
     try:
@@ -418,7 +420,7 @@ async def extract_vllm(
             await check_endpoints(client, opts)
             work: asyncio.Queue[PreparedSample | None] = asyncio.Queue(maxsize=4 * opts.concurrency * len(opts.endpoints))
             samples = prepare_samples(records, tokenizer, stats, done=writer.done_ids(), max_len=max_len,
-                                      vocab_size=meta.vocab_size)
+                                      vocab_size=meta.vocab_size, positions=positions)
 
             async def produce() -> None:
                 for s in samples:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -52,3 +53,31 @@ def target(tiny_target: Path):
     from training.eval.evaluate import load_target
 
     return load_target(tiny_target)
+
+
+def real_model_folder() -> Path | None:
+    """The SmolLM2 target folder `curator target smollm2` made (its marker checked), or None.
+
+    Tests never download it: CI makes it before the suite (.ci/smollm2.sh) and names it in
+    $CURATOR_SMOLLM2; on another machine the cache's folder is used when `curator target smollm2`
+    ran there. With $CURATOR_REQUIRE_REAL set (CI) a missing folder fails the tests, never skips them.
+    """
+    from curator.targets.convert import made_from
+    from curator.targets.registry import KNOWN, default_folder
+
+    named = os.environ.get("CURATOR_SMOLLM2")
+    folder = Path(named) if named else default_folder(KNOWN["smollm2"], "float32")
+    mark = made_from(folder)
+    return folder if mark and mark.get("gguf_sha256") == KNOWN["smollm2"].gguf_sha256 else None
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real target, SmolLM2-135M-Instruct, as a Hugging Face folder (see real_model_folder)."""
+    folder = real_model_folder()
+    if folder is None:
+        message = "no SmolLM2 target folder: run `curator target smollm2` (or .ci/smollm2.sh) first"
+        if os.environ.get("CURATOR_REQUIRE_REAL"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return folder

@@ -130,6 +130,9 @@ class TransformersBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from curator.ui import quiet_library_progress
+
+        quiet_library_progress()  # transformers' "Loading weights" bar would break generate's own progress line
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             dtype = torch.bfloat16 if self.device == "cuda" else torch.float32

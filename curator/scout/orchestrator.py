@@ -17,7 +17,6 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from curator.catalog import AgentAccount, Catalog, new_run_id
@@ -25,10 +24,8 @@ from curator.errors import CuratorError
 from curator.hub import HubClient
 from curator.llm import LLMClient
 from curator.scout.agent import (
-    CANCELLED,
     FAILED,
     FINISHED,
-    RUNNING,
     AgentBudget,
     AgentProgress,
     elapsed,
@@ -38,6 +35,7 @@ from curator.scout.briefs import Brief
 from curator.scout.lease import RunLease, is_alive
 from curator.scout.sink import CatalogSink
 from curator.scout.tools import AgentToolbox
+from curator.ui import compact_table
 from curator.ui import console as default_console
 
 DEFAULT_GOAL = (
@@ -252,33 +250,25 @@ class ScoutRun:
     # -- display ----------------------------------------------------------------------------
 
     def render(self) -> Group:
-        """Return the live view: a row per agent, then the top candidates so far."""
-        agents = Table(title=f"scout {self.run_id or ''}  {self.status}  {self.wall_s:.1f} s", title_justify="left")
-        for col, justify in (
-            ("agent", "left"), ("domain", "left"), ("turn", "right"), ("searches", "right"),
-            ("inspected", "right"), ("candidates", "right"), ("tokens", "right"), ("state", "left"),
-        ):
-            agents.add_column(col, justify=justify)  # type: ignore[arg-type]
+        """Return the live view: a row per agent, then the top candidates so far, each laid out for the
+        terminal's width (ids and states whole; the domain, tokens and agents left out before anything is cut)."""
         budget = self.config.budget.max_turns
-        for p in self.progress:
-            state = p.state if not p.error else f"{p.state}: {p.error[:60]}"
-            # Cells are Text, not markup: an error, a brief's title or a Hub id may hold "[...]".
-            agents.add_row(
-                Text(p.agent), Text(p.domain[:40]), f"{p.turn}/{budget}" if self.config.planner == "llm" else str(p.turn),
-                str(p.searches), str(p.inspections), str(p.candidates), f"{p.tokens:,}", _styled_state(p.state, state),
-            )
-        top = Table(title="top candidates", title_justify="left")
-        for col in ("dataset", "category", "relevance", "samples", "agents"):
-            top.add_column(col)
-        for row in self.top_candidates():
-            top.add_row(Text(row["dataset_id"]), Text(row["category"]), f"{row['relevance']:.2f}", f"{row['samples']:,}",
-                        Text(", ".join(row["agents"])))
-        return Group(agents, top)
-
-
-def _styled_state(state: str, text: str) -> Text:
-    colour = {FINISHED: "green", FAILED: "red", CANCELLED: "yellow", RUNNING: "cyan", "retrying": "magenta"}.get(state, "white")
-    return Text(text, style=colour)
+        agents = compact_table(
+            ("agent", "state", "turn", "searches", "inspected", "candidates", "tokens", "domain"),
+            [(p.agent, p.state, f"{p.turn}/{budget}" if self.config.planner == "llm" else p.turn, p.searches,
+              p.inspections, p.candidates, p.tokens, p.domain) for p in self.progress],
+            title=f"scout {self.run_id or ''}  {self.status}  {self.wall_s:.1f} s",
+            whole=("agent", "state", "turn"), optional=("domain", "tokens"),
+        )
+        # an error is a sentence: on its own line, whole, not cut to 60 characters inside a cell
+        errors = [Text(f"{p.agent}: {p.error}", style="red") for p in self.progress if p.error]
+        top = compact_table(
+            ("dataset", "category", "relevance", "samples", "agents"),
+            [(row["dataset_id"], row["category"], f"{row['relevance']:.2f}", row["samples"], ", ".join(row["agents"]))
+             for row in self.top_candidates()],
+            title="top candidates", optional=("agents",),
+        )
+        return Group(agents, *errors, top)
 
 
 async def run_scout(

@@ -237,3 +237,17 @@ def test_the_stand_in_server_never_joins_a_writer_it_has_not_started(
     server.__exit__(None, None, None)
     starter.join()
     assert written == [True]
+
+
+def test_samples_past_the_targets_positions_are_skipped_not_sent(tiny_target: Path, tmp_path: Path,
+                                                                 target: tuple[Any, Any]) -> None:
+    model, tok = target
+    gen = write_gen(tmp_path / "gen", [conversation(i) for i in range(3)])
+    meta = store_meta(model.config, tok, target="tiny", layer_ids=None, dtype="bf16", has_final=True)
+    opts = VllmOptions(endpoints=[], model="tiny", shared_dir=str(tmp_path / "shared"), concurrency=2)
+    with FakeVllmServer(tiny_target, tmp_path / "shared", ENGINE_LAYERS, served_name="tiny") as server:
+        opts.endpoints.append(server.url)
+        stats = asyncio.run(extract_vllm(opts, tok, iter_generation(gen), tmp_path / "s", meta,
+                                         norm=load_final_norm(tiny_target), positions=4))
+        assert server.requests == 0  # nothing past the positions reaches the engine
+    assert stats.too_long == 3

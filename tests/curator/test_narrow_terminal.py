@@ -212,3 +212,21 @@ def test_demo_help_wraps_its_paragraphs_at_80_columns_not_at_the_sources_line_br
     for lines in paragraphs:
         assert all(len(line) >= 60 for line in lines[:-1]), lines
     assert any("Hub snapshot" in line for lines in paragraphs for line in lines)
+
+
+def test_the_scout_view_keeps_dataset_ids_and_states_whole_at_80_columns() -> None:
+    from types import SimpleNamespace as NS
+
+    from curator.scout.orchestrator import ScoutRun
+
+    progress = [NS(agent="agent-reasoning-math", domain="Mathematical reasoning and competition problems with worked solutions",
+                   turn=3, searches=5, inspections=12, candidates=4, tokens=12345, state="failed",
+                   error="the model server said 503 Service Unavailable after 4 attempts")]
+    top = [{"dataset_id": "ise-uiuc/Magicoder-Evol-Instruct-110K", "category": "coding", "relevance": 0.93,
+            "samples": 110000, "agents": ["agent-reasoning-math"]}]
+    run = NS(config=NS(budget=NS(max_turns=8), planner="llm"), progress=progress, run_id="r-1", status="running",
+             wall_s=1.0, top_candidates=lambda: top)
+    shown = at_80(ScoutRun.render(run))  # type: ignore[arg-type]
+    assert "ise-uiuc/Magicoder-Evol-Instruct-110K" in shown and "agent-reasoning-math" in shown
+    assert "failed" in shown and "503 Service Unavailable after 4" in shown.replace("\n", " ")
+    assert "…" not in shown and all(len(line.rstrip()) <= 80 for line in shown.splitlines())
