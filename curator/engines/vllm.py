@@ -35,6 +35,7 @@ from curator.engines.launch import Check, LaunchSpec, int_opt, kept_args, option
 from curator.engines.prometheus import is_counter, parse_prometheus
 from curator.engines.spec_counters import SpecCounters
 from curator.errors import EndpointError
+from training.io.jsonfile import parse_json
 
 if TYPE_CHECKING:
     from curator.engines.draft import DraftLayout
@@ -81,8 +82,8 @@ def parse(argv: list[str]) -> LaunchSpec:
     config: dict[str, Any] = {}
     if raw is not None:
         try:
-            parsed = json.loads(raw or "")
-        except json.JSONDecodeError as exc:
+            parsed = parse_json(raw or "")  # ValueError also for a 5,000-digit number or nesting 100K deep
+        except ValueError as exc:
             spec.problems.append(Check("speculative config", "error", f"--speculative-config is not JSON ({exc})"))
             return spec
         if not isinstance(parsed, dict):

@@ -604,3 +604,9 @@ def test_a_yarn_draft_is_served_but_said_to_be_beyond_eval(tmp_path: Path, targe
     draft = write_sglang_export(tmp_path / "d", config={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     report = diagnose(draft, target)
     assert report.ok and [c.status for c in report.checks if c.name == "rope"] == ["warn"]
+
+
+@pytest.mark.parametrize("text", HOSTILE_JSON.values(), ids=HOSTILE_JSON.keys())
+def test_a_speculative_config_python_cannot_parse_is_a_check_not_a_crash(text: str) -> None:
+    spec = parse_launch(f"vllm serve /t --speculative-config {shlex.quote(text)}")
+    assert [c.name for c in spec.problems] == ["speculative config"] and "not JSON" in spec.problems[0].detail
