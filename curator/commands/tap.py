@@ -4,6 +4,7 @@ requests it serves and the target's own answers into size-rotated JSONL files (d
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from pathlib import Path
 from typing import Optional
@@ -76,6 +77,11 @@ def tap_command(
 
     if stats_every > 0:
         threading.Thread(target=report, daemon=True).start()
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # a service manager's stop: the queued records are written, as on Ctrl-C
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         asyncio.run(proxy.serve(host, port))
     except OSError as exc:

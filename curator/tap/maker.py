@@ -15,14 +15,18 @@ its newest messages were scrubbed before.
 
 from __future__ import annotations
 
+import importlib
 import json
-import multiprocessing
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from curator.tap.record import Exchange, Unreadable, build_record, classify_input, parse_request
 
@@ -30,6 +34,7 @@ MEMO_MIN_CHARS = 64  # shorter texts cost less to scrub again than to look up an
 MEMO_CHARS = 32 * 1024 * 1024  # characters (keys and values) the memo may hold
 LIMIT_S = 2.0  # time a record may take, plus LIMIT_S_PER_MB per MB of its request and answer
 LIMIT_S_PER_MB = 4.0
+START_S = 60.0  # the scrub process's start-up (imports) on a busy machine
 
 
 @dataclass
@@ -106,6 +111,7 @@ def limit_s(exchange: Exchange) -> float:
 def _serve(conn: Connection, scrub: Callable[[str], str], memo_chars: int) -> None:
     """The child's loop: (exchange, categorize, full) in, Made out, until the parent closes its end."""
     memo = Memo(scrub, memo_chars)
+    conn.send("ready")
     while True:
         try:
             item = conn.recv()
@@ -122,32 +128,49 @@ class TimedOut(Exception):
 
 
 class MakerProcess:
-    """A child process making record lines, started on first use and replaced after a time-out or a crash."""
+    """A child process making record lines, started on first use and replaced after a time-out or a crash.
+
+    The child is `python -m curator.tap.maker`, not a multiprocessing child: multiprocessing's
+    spawn runs the parent's main script again in the child (an unguarded script, or one that
+    starts servers, would do it twice), and its fork would copy the proxy's threads mid-lock. It
+    runs in a session of its own, so a Ctrl-C at the terminal reaches the tap alone, which then
+    has the queued records made before it stops; it exits when the tap's end of the socket closes,
+    however the tap ended. `scrub` must be a module-level function: the child imports it by name."""
 
     def __init__(self, scrub: Callable[[str], str], *, memo_chars: int = MEMO_CHARS, name: str = "curator-tap-scrub") -> None:
-        self.scrub = scrub
+        module, qualname = getattr(scrub, "__module__", None), getattr(scrub, "__qualname__", "")
+        if not module or "<" in qualname:
+            raise ValueError(f"the scrub function must be importable by name, not {scrub!r}")
+        self.scrub_ref = f"{module}:{qualname}"
         self.memo_chars = memo_chars
         self.name = name
-        self._proc: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self.restarts = 0
 
     def _start(self) -> Connection:
-        # spawn, not fork: the tap's process has threads (the event loop's, the writer's) a fork would copy mid-lock
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.scrub, self.memo_chars), name=self.name, daemon=True)
-        self._proc.start()
-        child.close()
-        self._conn = parent
-        return parent
+        ours, theirs = socket.socketpair()
+        # the child imports what this process can: its search path, the test's or the user's own modules included
+        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        env = {**os.environ, "PYTHONPATH": path}
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "curator.tap.maker", str(theirs.fileno()), self.scrub_ref,
+                                           str(self.memo_chars)], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, env=env, start_new_session=True)
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        # its start-up (imports) is not the first record's time
+        if not self._conn.poll(START_S) or self._conn.recv() != "ready":
+            raise OSError(f"the scrub process did not start within {START_S:.0f} s")
+        return self._conn
 
     def make(self, exchange: Exchange, *, categorize: bool = False, full: Collection[str] = (),
              limit: float | None = None) -> Made:
         """Return the child's Made for `exchange`; raise TimedOut (the child killed) past `limit` seconds."""
-        conn = self._conn or self._start()
         limit = limit_s(exchange) if limit is None else limit
         try:
+            conn = self._conn or self._start()
             conn.send((exchange, categorize, frozenset(full)))
             deadline = time.monotonic() + limit
             while not conn.poll(max(0.0, deadline - time.monotonic())):
@@ -156,9 +179,9 @@ class MakerProcess:
                     raise TimedOut(f"a record took over {limit:.1f} s to scrub")
             made: Made = conn.recv()
             return made
-        except (EOFError, OSError) as exc:  # the child died (killed from outside, out of memory)
+        except (EOFError, OSError) as exc:  # the child died (killed from outside, out of memory) or never started
             self.kill()
-            return Made(error=f"scrub process died: {type(exc).__name__}")
+            return Made(error=f"scrub process died: {exc or type(exc).__name__}")
 
     def kill(self) -> None:
         """Stop the child at once; the next record starts a new one."""
@@ -167,7 +190,7 @@ class MakerProcess:
             self._conn = None
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join(5)
+            self._proc.wait()
             self._proc = None
             self.restarts += 1
 
@@ -181,8 +204,23 @@ class MakerProcess:
             self._conn.close()
             self._conn = None
         if self._proc is not None:
-            self._proc.join(5)
-            if self._proc.is_alive():
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
                 self._proc.kill()
-                self._proc.join(5)
+                self._proc.wait()
             self._proc = None
+
+
+def _import(ref: str) -> Callable[[str], str]:
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return cast(Callable[[str], str], obj)
+
+
+if __name__ == "__main__":  # the child: python -m curator.tap.maker FD MODULE:FUNCTION MEMO_CHARS
+    from curator.tap.maker import _import as _find, _serve as _loop  # Made pickled as curator.tap.maker.Made, not __main__.Made
+
+    _loop(Connection(int(sys.argv[1])), _find(sys.argv[2]), int(sys.argv[3]))

@@ -199,8 +199,10 @@ class TapProxy:
                     return
             finally:
                 await response.aclose()
-            if exchange is not None and self.writer is not None:
-                self.writer.submit(exchange)
+            self._submit(exchange)
+        except asyncio.CancelledError:  # the tap is stopping mid-answer: what went by is recorded, incomplete
+            self._gone(exchange, 0, client=False)
+            raise
         finally:
             if watcher.done():
                 if not watcher.cancelled() and watcher.exception() is None and watcher.result():
@@ -235,13 +237,21 @@ class TapProxy:
                 keep.append(chunk)
             writer.write(conn.send(h11.Data(data=chunk)) or b"")
             await writer.drain()
+        # the whole answer went by: handed over now, so a tap stopped during the last write still records it
+        self._submit(exchange)
         writer.write(conn.send(h11.EndOfMessage()) or b"")
         await writer.drain()
         return True
 
+    def _submit(self, exchange: Exchange | None) -> None:
+        """Hand `exchange` to the writer, once: it is the writer thread's from then on."""
+        if exchange is not None and self.writer is not None and not exchange.submitted:
+            exchange.submitted = True
+            self.writer.submit(exchange)
+
     def _gone(self, exchange: Exchange | None, status: int, *, client: bool = True) -> None:
         self.client_gone += client
-        if exchange is not None and self.writer is not None:
+        if exchange is not None and not exchange.submitted:
             exchange.status = exchange.status or status
             exchange.delivered = False
-            self.writer.submit(exchange)
+            self._submit(exchange)

@@ -38,6 +38,7 @@ class Exchange:
     chunks: list[bytes] = field(default_factory=list)
     streamed: bool = False
     delivered: bool = True  # False: the client went away before the answer ended
+    submitted: bool = False  # handed to the writer (the proxy's flag: each exchange is handed over once)
     time: float = 0.0  # UNIX seconds at the request's arrival
 
 

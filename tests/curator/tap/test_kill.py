@@ -32,20 +32,36 @@ while True:
 """
 
 
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_sigkill_mid_write_leaves_only_whole_records(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, cwd=Path(__file__).parents[3])
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
     time.sleep(1.0)
+    # the scrub process, a child of the writer's thread
+    children = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir() for pid in (task / "children").read_text().split()]
+    assert children
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in children)  # the scrub process saw its socket close and left
     files = sorted(tmp_path.glob("tap-*.jsonl"))
     lines = [line for p in files for line in p.read_bytes().splitlines(keepends=True)]
     assert len(lines) >= 2
     for p in files[:-1]:
         assert all(json.loads(line)["complete"] for line in p.read_bytes().splitlines())  # rotated files are whole
-    *whole, last = files[-1].read_bytes().splitlines(keepends=True)
+    # the newest file may be empty: the kill came between its opening and its first line
+    *whole, last = files[-1].read_bytes().splitlines(keepends=True) or [b"\n"]
     assert all(json.loads(line)["answer"]["content"] == "y" * 5000 for line in whole)
-    if last.endswith(b"\n"):
+    if last.strip() and last.endswith(b"\n"):
         json.loads(last)  # whole; a torn last line (no newline) is the record in flight, skipped by readers
     # the next run writes a file of its own: the torn line stays last in the old one
     log = TapLog(tmp_path, max_file_bytes=200_000, max_total_bytes=10_000_000)
@@ -53,3 +69,29 @@ def test_sigkill_mid_write_leaves_only_whole_records(tmp_path: Path):
     writer.submit(Exchange("chat", b'{"model": "t", "messages": [{"role": "user", "content": "hi"}]}', 200, [b"{}"], time=time.time()))
     writer.close()
     assert log.path is not None and log.path not in files and len(log.path.read_bytes().splitlines()) == 1
+
+
+def test_sigterm_writes_what_is_queued_and_exits(engine, tmp_path: Path):
+    import re
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "curator", "tap", "--engine", engine.url, "--out", str(tmp_path), "--port", "0",
+                             "--stats-every", "0"], stderr=subprocess.PIPE, cwd=Path(__file__).parents[3],
+                            env={**os.environ, "COLUMNS": "200"})
+    assert proc.stderr is not None
+    url = None
+    for raw in proc.stderr:
+        found = re.search(r"tap: (http://127\.0\.0\.1:\d+) ->", raw.decode())
+        if found:
+            url = found.group(1)
+            break
+    assert url is not None
+    for n in range(5):
+        httpx.post(url + "/v1/chat/completions", json={"model": "t", "messages": [{"role": "user", "content": f"hi {n}"}]}).raise_for_status()
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read().decode()
+    assert proc.wait(30) == 0, rest
+    lines = [json.loads(line) for p in tmp_path.glob("tap-*.jsonl") for line in p.read_bytes().splitlines()]
+    assert sorted(r["messages"][0]["content"] for r in lines) == [f"hi {n}" for n in range(5)]
+    assert "recorded" in rest  # the summary

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -109,3 +111,28 @@ def test_records_made_on_the_writer_thread_when_asked(tmp_path: Path):
     writer.close()
     assert [r["messages"][0]["content"] for r in records(tmp_path)] == ["hello there"]
     assert writer.snapshot()["dropped_cap"] == 2
+
+
+SCRIPT = """
+import json, os, sys, time
+from curator.tap.record import Exchange
+from curator.tap.writer import TapLog, TapWriter
+from curator.traffic.scrub import scrub
+
+# no `if __name__ == "__main__"`: the scrub process must not run this script again
+os.makedirs(sys.argv[1])
+writer = TapWriter(TapLog(sys.argv[1], max_file_bytes=1 << 20, max_total_bytes=1 << 22), scrub=scrub).start()
+body = json.dumps({"model": "t", "messages": [{"role": "user", "content": "hello"}]}).encode()
+writer.submit(Exchange("chat", body, 200, [b"{}"], time=time.time()))
+writer.close()
+print(json.dumps(writer.snapshot()))
+"""
+
+
+def test_a_writer_in_a_plain_script_records(tmp_path: Path):
+    script = tmp_path / "embed.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "tap")], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[3])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["recorded"] == 1 and done.stderr == ""
