@@ -21,7 +21,7 @@ from training.train.checkpoint import layer_ids as checkpoint_layer_ids
 from training.train.checkpoint import read_checkpoint
 from training.eagle3.load import CONFIG_FILE, WEIGHTS_FILE
 from training.eagle3.model import DraftConfig
-from training.eagle3.weights import check_servable
+from training.eagle3.weights import check_servable, header_dtype
 from training.errors import ModelMismatchError, TrainingError
 from training.eagle3.layouts import FORMATS, ExportSource, layout_named
 from training.io.atomic import give_default_mode
@@ -101,7 +101,14 @@ def export_checkpoint(
             raise TrainingError(f"the target folder {origin} is gone; pass --target with the target's model folder "
                                 f"(the {layout.name} layout carries the target's embeddings)")
         embeddings = load_embeddings(origin)
-    return _publish(Path(out_dir).resolve(), layout.file_weights(weights, embeddings), config)
+    file_weights = layout.file_weights(weights, embeddings)
+    # never write an export that load_draft and the doctor would refuse (the check they share)
+    problems = [*layout.config_problems(config),
+                *layout.tensor_problems(config, {k: (tuple(v.shape), header_dtype(v)) for k, v in file_weights.items()})]
+    if problems:
+        raise ModelMismatchError(f"checkpoint {ckpt} would export as a draft no engine serves as trained: "
+                                 f"{'; '.join(problems)}")
+    return _publish(Path(out_dir).resolve(), file_weights, config)
 
 
 STAGE_TAG = "export"  # a new export being written beside NAME: `.NAME.export.tmp-PID` (training.io.publish)

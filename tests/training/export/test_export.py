@@ -351,3 +351,15 @@ def test_the_exported_weights_get_the_same_mode_as_the_config(run_dir: Path, tmp
         os.umask(before)
     modes = {name: (out / name).stat().st_mode & 0o777 for name in ("config.json", "model.safetensors")}
     assert modes == {"config.json": mode, "model.safetensors": mode}
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
+def test_a_checkpoint_whose_config_the_shared_check_refuses_is_never_exported(run_dir: Path, tmp_path: Path, fmt: str) -> None:
+    """An export is held to the check load_draft and the doctor share (issue 49 item 7): an rms_norm_eps of
+    NaN would export a draft that proposes nothing, which eval then refuses."""
+    from training.errors import ModelMismatchError
+
+    with pytest.raises(ModelMismatchError, match="rms_norm_eps=nan"):
+        export_checkpoint(variant(run_dir, tmp_path / "eps", draft_config={"rms_norm_eps": float("nan")}),
+                          tmp_path / "out", fmt=fmt)
+    assert not (tmp_path / "out").exists()
