@@ -102,7 +102,7 @@ def generate_command(
         help="A row offering tools the target's chat template does not render is a row error (default: generated "
              "and marked tools_dropped).",
     ),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file (default: $CURATOR_CATALOG or ./catalog.duckdb)."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog file to record the run in (default: $CURATOR_CATALOG, else ./catalog.duckdb where one exists: none is created unasked)."),
 ) -> None:
     """Regenerate every answer of a mix through the target model; resumes by sample id."""
     try:

