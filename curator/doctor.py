@@ -59,7 +59,11 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     checks.append(Check("architecture", "ok", f"{archs[0] if archs else lay.name} ({lay.name} layout)"))
     # the check load_draft (so `curator eval`) makes of the same export: what one refuses, the other does
     checks += [Check(f"{lay.name} config", "error", problem) for problem in lay.config_problems(layout.config)]
-    checks += [Check("tensors", "error", problem) for problem in lay.tensor_problems(layout.config, layout.tensors)]
+    tensor_problems = lay.tensor_problems(layout.config, layout.tensors)
+    checks += [Check("tensors", "error", problem) for problem in tensor_problems]
+    if not tensor_problems:
+        checks.append(Check("tensors", "ok", f"{len(layout.shapes)} tensors, each one a draft has, of a servable dtype; "
+                                                    "the decoder and norms shaped as the config says"))
     if not rope_measurable(layout.decoder_config.get("rope_scaling")):
         checks.append(Check("rope", "warn", f"the engines build rope_scaling {layout.decoder_config['rope_scaling']!r}, "
                                             "but curator eval's draft does not: its acceptance cannot be measured here"))
