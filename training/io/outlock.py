@@ -103,6 +103,9 @@ class OutputLock:
                 os.unlink(self.path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise TrainingError(f"{self.path} is a link where the lock file belongs and cannot be removed "
+                                f"({exc.strerror}); remove it or use another output folder") from None
 
     def holder(self) -> str | None:
         """Return who holds the lock ("PID n on host") while a live process does, else None (takes nothing)."""
