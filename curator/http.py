@@ -296,7 +296,9 @@ def endpoint_roots(urls: Iterable[str]) -> tuple[list[str], dict[str, httpx.Auth
 # scheme://user:password@ (or scheme://token@): the part of a URL that must never be recorded
 # userinfo may not hold an unescaped ? or #, but a malformed URL's password must not leak through one:
 # over-stripping an odd query (scheme://host?x=a@b) is the safer error for a redaction
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@]*@")
+# (a scheme starts where a run of scheme characters starts, not at each \b inside it: a.b.c.d... would
+# make every dot a start and the search quadratic)
+_USERINFO = re.compile(r"(?i)(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]*://)[^/\s@]*@")
 
 
 def public_url(url: str) -> str:

@@ -186,10 +186,21 @@ PERSONAL = {  # what the fault sweep of issue 38 (item 6) found copied, one of e
     "password_contracted": "my password's swordfish123",
     "half_spelled_email": "mail john.pelham at example.com",
     "postcode": "I am John Smith, 221B Baker Street, London NW1 6XE",
+    # the fault sweep of issue 49 (item 10)
+    "email_accented": "écris à rené.müller@bücher.de",
+    "email_fullwidth": "ｍａｉｌ ｊｏｈａｎｎａ＠ｆｉｒｍａ．ｄｅ",
+    "email_spaced": "write to wilhelmina @ corp . org",
+    "phone_slash": "ruf an 030/98765432",
+    "phone_fullwidth": "電話 ０３０－９８７６５４３２",
+    "pin": "my PIN 4821",
+    "iban_lower": "iban fr76 3000 6000 0112 3456 7890 189",
+    "key_b64": "account key QkFzZTY0QWNjb3VudEtleUZvclRlc3Rz",
+    "address_number_first": "Odile Marchand, 12 rue de Rivoli, Paris",
 }
 PERSONAL_NEEDLES = ["Whitfield", "Baker Street", "Hauptstraße 17", "3704 0044", "GB82WEST", "Tr0ub4dor", "abc12",
                     "Qm1RtYpLkJhGf", "example dot com", "Lindqvist", "swordfish123", "pelham", "example.com",
-                    "NW1 6XE", "John Smith"]
+                    "NW1 6XE", "John Smith", "müller", "bücher", "ｊｏｈａｎｎａ", "ｆｉｒｍａ", "wilhelmina",
+                    "98765432", "９８７６５４３２", "4821", "3000 6000", "QkFzZTY0", "Rivoli", "Marchand"]
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
