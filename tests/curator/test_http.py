@@ -39,7 +39,8 @@ def test_retry_after_seconds_date_and_milliseconds() -> None:
     assert http.parse_retry_after(httpx.Headers({"Retry-After": "7"})) == 7.0
     assert http.parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
     in_30_s = email.utils.formatdate(time.time() + 30, usegmt=True)
-    assert 28 <= http.parse_retry_after(httpx.Headers({"Retry-After": in_30_s})) <= 30
+    wait = http.parse_retry_after(httpx.Headers({"Retry-After": in_30_s}))
+    assert wait is not None and 28 <= wait <= 30
     past = email.utils.formatdate(time.time() - 60, usegmt=True)
     assert http.parse_retry_after(httpx.Headers({"Retry-After": past})) == 0.0
     assert http.parse_retry_after(httpx.Headers({"Retry-After": "soon"})) is None
@@ -174,3 +175,41 @@ def test_error_text_names_a_redirects_location_without_credentials_and_an_empty_
     assert http.error_text(httpx.Response(307, request=request)) == "redirect without a Location (not followed: give the final URL)"
     assert http.error_text(httpx.Response(500, content=b"  \n", request=request)) == "empty body"
     assert http.error_text(b"") == "empty body"
+
+
+def test_a_redirected_models_check_names_the_status_and_where_it_points() -> None:
+    """Issue 49 item 11: generate's start-up check said "HTTP 302 to GET /v1/models:" and nothing more."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from curator.errors import EndpointError
+    from curator.generate.client import EndpointClient
+
+    class Moved(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(302)
+            self.send_header("Location", "https://carol:Pw-9q7Zx@sso.example/login?next=%2Fv1%2Fmodels")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = EndpointClient(f"http://127.0.0.1:{server.server_address[1]}", 1)
+
+    async def check() -> None:
+        try:
+            await client.check("m", {}, RetryPolicy(max_attempts=1))
+        finally:
+            await client.aclose()
+
+    try:
+        with pytest.raises(EndpointError) as caught:
+            asyncio.run(check())
+    finally:
+        server.shutdown()
+    said = str(caught.value)
+    assert "HTTP 302 to GET /v1/models: redirect to https://sso.example/login" in said, said
+    assert "Pw-9q7Zx" not in said and "carol" not in said
