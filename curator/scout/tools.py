@@ -354,13 +354,21 @@ def render_details(details: DatasetDetails) -> str:
     return "\n".join(lines)
 
 
-def _cut_cells(value: Any) -> Any:
+# An example row is Hub data: a cell nested 900 deep (the JSON parser's limit is about 1,000) overflowed
+# the stack of an agent's tool call; past this depth a cell is said to be nested, not shown
+MAX_CELL_DEPTH = 8
+
+
+def _cut_cells(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
         return truncate(value, CELL_CHARS)
+    if isinstance(value, (list, dict)) and depth >= MAX_CELL_DEPTH:
+        return f"... nested deeper than {MAX_CELL_DEPTH} levels"
     if isinstance(value, list):
-        return [_cut_cells(v) for v in value[:8]] + ([f"... {len(value) - 8} more items"] if len(value) > 8 else [])
+        return ([_cut_cells(v, depth + 1) for v in value[:8]]
+                + ([f"... {len(value) - 8} more items"] if len(value) > 8 else []))
     if isinstance(value, dict):
-        return {str(k)[:80]: _cut_cells(v) for k, v in list(value.items())[:20]}
+        return {str(k)[:80]: _cut_cells(v, depth + 1) for k, v in list(value.items())[:20]}
     return value
 
 

@@ -317,3 +317,16 @@ def test_two_scout_writers_and_a_sql_loop_all_finish(tmp_path):
     assert int(outs[2][0]) >= 3  # the person's queries got their turns too
     _, rows = Catalog.open(path).query("SELECT agent, count(*) FROM tool_calls GROUP BY agent ORDER BY agent")
     assert dict(rows) == written  # every row of both scouts, none lost
+
+
+def test_an_example_row_nested_900_deep_is_shown_cut_not_a_recursion_error() -> None:
+    """A snapshot row nested 900 deep (the JSON parser takes it) made the agents' inspect fail with a raw
+    RecursionError (issue 49 item 8)."""
+    from curator.hub import DatasetDetails
+    from curator.scout.tools import render_details
+
+    deep: list = []
+    for _ in range(900):
+        deep = [deep]
+    text = render_details(DatasetDetails(id="org/deep", example_rows=[{"messages": deep}]))
+    assert "nested deeper than" in text and "row 0:" in text
