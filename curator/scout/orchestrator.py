@@ -192,6 +192,13 @@ class ScoutRun:
         cfg = self.config
         with self.catalog.session():  # one open of the file for the check and the insert
             stale = [r for r in self.catalog.running_scout_runs() if not is_alive(self.catalog.path, r)]
+            if stale:
+                # a run cut short (killed, a full disk) left part of what this run records again: its
+                # candidates nobody reviewed go, so a rerun lists each find once (a reviewed one stays);
+                # removed before the run is marked aborted, so a stop in between only repeats this
+                with self.catalog.connect() as con:
+                    con.executemany("DELETE FROM candidates WHERE run_id = ? AND status = 'proposed'",
+                                    [[run_id] for run_id in stale])
             self.catalog.abort_scout_runs(stale)
             self.catalog.start_scout_run(cfg.goal, cfg.planner, cfg.model, len(self.briefs), run_id=self.run_id)
 

@@ -208,3 +208,25 @@ def test_wrongly_typed_snapshot_records_never_reach_the_agents(tmp_path: Path, c
     out = capsys.readouterr()
     assert "Error" not in out.out + out.err and "failed:" not in out.out + out.err, out.out + out.err
     assert code in (0, 1)  # 1 only for "no candidates" among one dataset, said in words
+
+
+def test_a_rerun_after_a_run_cut_short_lists_each_find_once(tmp_path: Path) -> None:
+    """Rerunning scout after a disk-full error doubled the catalog's candidates (issue 49 item 11): the
+    cut-short run's unreviewed finds go when the next scout marks it aborted; a reviewed one stays."""
+    from curator.cli import main
+
+    args = ["scout", "--planner", "rules", "--hub", "bundled", "--no-live", "--agents", "3",
+            "--recipe-out", str(tmp_path / "r.yaml")]
+    assert main([*args, "--catalog", str(tmp_path / "whole.duckdb")]) == 0
+    whole = Catalog.open(tmp_path / "whole.duckdb").query("SELECT count(*) FROM candidates")[1][0][0]
+    cut = Catalog.open(tmp_path / "cut.duckdb")
+    cut.migrate()
+    # what a run stopped by a full disk leaves: its row `running`, no live lease, some candidates written
+    dead = cut.start_scout_run("goal", "rules", None, 3, run_id="scout-20260101-000000-dead00")
+    reviewed = cut.add_candidate(dead, "a", "nebius/SWE-agent-trajectories", "agentic", 0.9, "r", 100)
+    cut.add_candidate(dead, "a", "open-r1/Mixture-of-Thoughts", "reasoning", 0.8, "r", 100)
+    cut.approve(reviewed)
+    assert main([*args, "--catalog", str(tmp_path / "cut.duckdb")]) == 0
+    rows = cut.query("SELECT run_id, status FROM candidates")[1]
+    assert len(rows) == whole + 1 and (dead, "approved") in rows and (dead, "proposed") not in rows
+    assert dict(cut.query("SELECT run_id, status FROM scout_runs")[1])[dead] == "aborted"
