@@ -2,12 +2,12 @@
 comes back unchanged (status, headers, bytes), and the sampled chat/completions exchanges are
 handed to the writer after the client has its answer.
 
-Built on asyncio streams with h11 (the HTTP/1.1 parser httpx itself runs on, so nothing new is
-installed) and httpx for the engine side. The request path does no parsing of its own: a coin
-flip decides sampling, and a sampled answer's chunks are kept by reference as they are forwarded;
-the writer thread parses, scrubs and writes them later. A client that goes away cancels the
-engine's request (the connection to the engine is closed, which SGLang and vLLM take as an
-abort) and the record is marked incomplete. The only answer the tap makes itself is a 502 when
+Built on asyncio streams with h11 on both sides (the HTTP/1.1 parser httpx itself runs on, so
+nothing new is installed; the engine side is curator/tap/upstream.py). The request path does no
+parsing of its own: a coin flip decides sampling, and a sampled answer's chunks are kept by
+reference as they are forwarded; the writer parses, scrubs and writes them later, in its own
+process. A client that goes away cancels the engine's request (the connection to the engine is
+closed, which SGLang and vLLM take as an abort) and the record is marked incomplete. The only answer the tap makes itself is a 502 when
 the engine cannot be reached at all, and `GET /tap/stats` (its counters, as JSON).
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import h11
-import httpx
 
 from curator.tap.record import ENDPOINTS, Exchange
+from curator.tap.upstream import EnginePool, EngineError, EngineResponse
 from curator.tap.writer import TapWriter
 
 STATS_PATH = b"/tap/stats"
@@ -32,16 +32,6 @@ STATS_PATH = b"/tap/stats"
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"te",
         b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"}
 _READ = 65536
-
-
-def _engine_client(connect_s: float) -> httpx.AsyncClient:
-    # no read or write timeout: the client's own decides how long an answer may take; no pool limit:
-    # the tap must not queue requests the engine would have taken
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect_s),
-                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-                               follow_redirects=False, trust_env=False)
-    client.headers = httpx.Headers()  # send the client's headers only (httpx would add its own Accept-Encoding, User-Agent)
-    return client
 
 
 class TapProxy:
@@ -57,7 +47,7 @@ class TapProxy:
         self._random = random.Random(seed)
         self._connect_s = connect_s
         self._on_listen = on_listen
-        self._client: httpx.AsyncClient | None = None
+        self._pool: EnginePool | None = None
         self._server: asyncio.base_events.Server | None = None
         self.requests = 0
         self.sampled = 0
@@ -75,7 +65,7 @@ class TapProxy:
 
     async def serve(self, host: str, port: int) -> None:
         """Serve until cancelled."""
-        self._client = _engine_client(self._connect_s)
+        self._pool = EnginePool(self.engine, self._connect_s)
         try:
             self._server = await asyncio.start_server(self._connection, host, port, limit=_READ, reuse_address=True)
             bound = self._server.sockets[0].getsockname()
@@ -84,7 +74,7 @@ class TapProxy:
             async with self._server:
                 await self._server.serve_forever()
         finally:
-            await self._client.aclose()
+            await self._pool.aclose()
 
     # ---- one client connection ---------------------------------------------------------------
 
@@ -163,42 +153,39 @@ class TapProxy:
             self.sampled += 1
             exchange = Exchange(endpoint=endpoint, request=body, time=time.time())
         headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP]
-        assert self._client is not None
-        upstream = self._client.build_request(request.method.decode("latin-1"), self.engine + target.decode("latin-1"),
-                                              headers=headers, content=body)
+        assert self._pool is not None
         # a client that goes away (EOF on its socket) while the engine works: seen at once, not at the next chunk
         watcher = asyncio.ensure_future(reader.read(_READ))
         try:
             try:
-                response = await self._race(self._client.send(upstream, stream=True), watcher)
-            except httpx.HTTPError as exc:
+                response = await self._race(self._pool.send(request.method, target, headers, body), watcher)
+            except EngineError as exc:
                 self.engine_unreachable += 1
-                await self._send_error(conn, writer, 502, f"engine unreachable: {type(exc).__name__}")
+                await self._send_error(conn, writer, 502, f"engine unreachable: {exc}")
                 return
             if response is None:  # the client left before the engine answered
                 self._gone(exchange, 0)
                 return
             try:
-                out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP or k.lower() == b"content-length"]
-                writer.write(conn.send(h11.Response(status_code=response.status_code, headers=out_headers,
-                                                    reason=response.reason_phrase.encode("latin-1"))) or b"")
+                out_headers = [(k, v) for k, v in response.headers if k not in _HOP or k == b"content-length"]
+                writer.write(conn.send(h11.Response(status_code=response.status, headers=out_headers, reason=response.reason)) or b"")
                 if exchange is not None:
-                    exchange.status = response.status_code
-                    exchange.streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+                    exchange.status = response.status
+                    exchange.streamed = response.header(b"content-type").startswith(b"text/event-stream")
                 pump = asyncio.ensure_future(self._pump(conn, writer, response, exchange))
                 try:
                     done = await self._race(pump, watcher)
                 except ConnectionError:  # the client's socket failed under a write
                     done = None
-                except httpx.HTTPError:  # the engine broke off mid-answer: the client's connection closes too
+                except EngineError:  # the engine broke off mid-answer: the client's connection closes too
                     self.engine_broke += 1
-                    self._gone(exchange, response.status_code, client=False)
+                    self._gone(exchange, response.status, client=False)
                     return
                 if done is None:
-                    self._gone(exchange, response.status_code)
+                    self._gone(exchange, response.status)
                     return
             finally:
-                await response.aclose()
+                response.close()
             self._submit(exchange)
         except asyncio.CancelledError:  # the tap is stopping mid-answer: what went by is recorded, incomplete
             self._gone(exchange, 0, client=False)
@@ -229,10 +216,10 @@ class TapProxy:
             pass
         return None
 
-    async def _pump(self, conn: h11.Connection, writer: asyncio.StreamWriter, response: httpx.Response,
+    async def _pump(self, conn: h11.Connection, writer: asyncio.StreamWriter, response: EngineResponse,
                     exchange: Exchange | None) -> bool:
         keep = exchange.chunks if exchange is not None else None
-        async for chunk in response.aiter_raw():
+        async for chunk in response.chunks():
             if keep is not None:
                 keep.append(chunk)
             writer.write(conn.send(h11.Data(data=chunk)) or b"")
