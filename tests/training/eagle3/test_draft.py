@@ -116,3 +116,16 @@ def test_target_head_reads_sharded_and_tied_checkpoints(tmp_path: Path) -> None:
     assert torch.equal(TargetHead.from_pretrained(tmp_path).weight, emb)
     x = torch.randn(3, 8)
     assert torch.allclose(TargetHead(emb)(x), x @ emb.T)
+
+
+def test_a_legacy_rope_type_key_is_read_as_the_engines_read_it() -> None:
+    """`rope_scaling: {"type": "linear"}` (the key transformers still accepts, so the engines serve it
+    linear) made eval's draft compute plain rope: the measurement was of another model."""
+    from training.eagle3.layouts import layout_named
+
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 300,
+              "draft_vocab_size": 48, "rope_scaling": {"type": "linear", "factor": 2.0},
+              "curator": {"aux_layer_inputs": [2, 4, 5]}}
+    cfg = layout_named("sglang").draft_config(config, None)
+    assert cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}

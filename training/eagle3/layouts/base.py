@@ -247,11 +247,21 @@ class Layout(ABC):
             num_aux_layers=len(layer_ids) or 3,
             rms_norm_eps=float(layer.get("rms_norm_eps", 1e-5)),
             rope_theta=float(layer.get("rope_theta", 10000.0)),
-            rope_scaling=layer.get("rope_scaling"),
+            rope_scaling=_rope_scaling(layer.get("rope_scaling")),
             max_position_embeddings=int(layer.get("max_position_embeddings", 8192)),
             aux_layer_ids=[int(i) for i in layer_ids],
             **self.trained_variant(config),
         )
+
+
+def _rope_scaling(scaling: Any) -> dict[str, Any] | None:
+    """Return a config's rope_scaling with its type under `rope_type`: transformers (so both engines) reads
+    the legacy `type` key as the same, and the draft would otherwise compute plain rope for a linear one."""
+    if not isinstance(scaling, dict):
+        return scaling
+    if "rope_type" not in scaling and "type" in scaling:
+        return {**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": scaling["type"]}
+    return scaling
 
 
 # vLLM 0.32/0.33 model_executor/models/llama_eagle3.py: LlamaModel builds `range(num_hidden_layers)`
