@@ -702,7 +702,7 @@ class _Turnstile:
 
     def __enter__(self) -> _Turnstile:
         try:
-            self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)  # never through a planted link
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except OSError:
             self.__exit__()  # e.g. a read-only folder: waiting still works, only without the queue

@@ -8,7 +8,6 @@ every tensor has the rows, widths and dtype the meta promises (layout: training.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -18,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from training.errors import StoreError, StoreIntegrityError
 from training.io.atomic import write_json
 from training.storage.format import StoreMeta, shard_tensors
+from training.io.jsonfile import parse_json
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -27,9 +27,9 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise StoreError(f"{path} is not valid JSON ({exc}); restore it or delete the store and capture again") from exc
+        return parse_json(path.read_bytes())  # a 5,000-digit number or 100K-deep nesting is a named error too
+    except ValueError as exc:
+        raise StoreError(f"{path} is not valid JSON ({exc}); restore it or delete the store and capture again") from None
 
 
 def _bad_entry(sid: str, where: Path, field: str, why: str) -> StoreIntegrityError:
