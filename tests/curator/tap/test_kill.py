@@ -42,13 +42,15 @@ def _running(pid: int) -> bool:
 
 def test_sigkill_mid_write_leaves_only_whole_records(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, cwd=Path(__file__).parents[3])
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-    time.sleep(1.0)
-    # the scrub process, a child of the writer's thread
-    children = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir() for pid in (task / "children").read_text().split()]
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        time.sleep(1.0)
+        # the scrub process, a child of the writer's thread
+        children = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir() for pid in (task / "children").read_text().split()]
+    finally:  # never left running, whatever failed above
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert children
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
     deadline = time.monotonic() + 10
     while any(_running(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -79,19 +81,23 @@ def test_sigterm_writes_what_is_queued_and_exits(engine, tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-m", "curator", "tap", "--engine", engine.url, "--out", str(tmp_path), "--port", "0",
                              "--stats-every", "0"], stderr=subprocess.PIPE, cwd=Path(__file__).parents[3],
                             env={**os.environ, "COLUMNS": "200"})
-    assert proc.stderr is not None
-    url = None
-    for raw in proc.stderr:
-        found = re.search(r"tap: (http://127\.0\.0\.1:\d+) ->", raw.decode())
-        if found:
-            url = found.group(1)
-            break
-    assert url is not None
-    for n in range(5):
-        httpx.post(url + "/v1/chat/completions", json={"model": "t", "messages": [{"role": "user", "content": f"hi {n}"}]}).raise_for_status()
-    proc.send_signal(signal.SIGTERM)
-    rest = proc.stderr.read().decode()
-    assert proc.wait(30) == 0, rest
+    try:
+        assert proc.stderr is not None
+        url = None
+        for raw in proc.stderr:
+            found = re.search(r"tap: (http://127\.0\.0\.1:\d+) ->", raw.decode())
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None
+        for n in range(5):
+            httpx.post(url + "/v1/chat/completions", json={"model": "t", "messages": [{"role": "user", "content": f"hi {n}"}]}).raise_for_status()
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read().decode()
+        assert proc.wait(30) == 0, rest
+    finally:  # never left running, whatever failed above
+        proc.kill()
+        proc.wait()
     lines = [json.loads(line) for p in tmp_path.glob("tap-*.jsonl") for line in p.read_bytes().splitlines()]
     assert sorted(r["messages"][0]["content"] for r in lines) == [f"hi {n}" for n in range(5)]
     assert "recorded" in rest  # the summary
