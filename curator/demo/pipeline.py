@@ -119,6 +119,8 @@ def repeated_token_share(token_ids: list[int]) -> float:
 class Demo:
     """One demo run in a workdir; `run()` executes the stages in order and returns the report."""
 
+    GEN_BATCH = 64  # rows a transformers batch generates at once
+
     def __init__(self, workdir: str | Path, settings: DemoSettings | None = None, fresh: bool = False,
                  serve_python: str | None = None) -> None:
         self.w = Path(workdir).resolve()
@@ -164,7 +166,7 @@ class Demo:
     def _remove(self, patterns: tuple[str, ...]) -> None:
         for pattern in patterns:
             for path in self.w.glob(pattern):
-                if path.is_dir():
+                if path.is_dir() and not path.is_symlink():  # a link (the real mode's cached target) goes, not what it names
                     shutil.rmtree(path)
                 else:
                     path.unlink(missing_ok=True)
@@ -377,10 +379,11 @@ class Demo:
 
         out = self.w / "gen"
         config = GenerateConfig(mix=self.w / "mix", out=out, model=str(self.w / "target"), backend="transformers",
-                                temperature=0.0, max_tokens=self.s.gen_max_tokens, batch_size=64, seed=self.s.seed)
+                                temperature=0.0, max_tokens=self.s.gen_max_tokens, batch_size=self.GEN_BATCH,
+                                seed=self.s.seed)
         argv = ["generate", "--backend", "transformers", "--model", config.model, "--mix", str(config.mix),
                 "--out", str(out), "--temperature", "0", "--max-tokens", str(self.s.gen_max_tokens),
-                "--batch-size", "64", "--catalog", str(self.catalog)]
+                "--batch-size", str(self.GEN_BATCH), "--catalog", str(self.catalog)]
 
         def fn() -> dict[str, Any]:
             from curator.generate.progress import LiveProgress
@@ -461,14 +464,18 @@ class Demo:
 
         self._stage("hidden-states", _cmd(argv), fn)
 
-    def train(self) -> None:
-        config = {
+    def train_config(self) -> dict[str, Any]:
+        """Return the draft's training config (train.yaml)."""
+        return {
             "data": str(self.w / "states"), "target": str(self.w / "target"), "out": str(self.w / "run"),
             "draft_vocab_size": 32000, "ttt_steps": 4, "lr": 3e-3, "warmup_ratio": 0.05,
             "global_batch_size": self.s.train_batch, "micro_batch_size": self.s.train_batch,
             "max_steps": self.s.train_steps, "max_length": self.s.train_max_length, "log_every": 10,
             "eval_every": 50, "eval_fraction": 0.1, "seed": self.s.seed, "device": "cpu",
         }
+
+    def train(self) -> None:
+        config = self.train_config()
         config_path = self.w / "train.yaml"
 
         def fn() -> dict[str, Any]:
