@@ -75,25 +75,25 @@ def prompt_sets(s: RealSettings) -> list[PromptSet]:
 class RealSettings(DemoSettings):
     """Sizes of the real demo; the defaults aim at <= 20 minutes on 2 quiet CPU cores (docs/demo.md)."""
 
-    humaneval: int = 48
-    mtbench: int = 24  # two user turns each: two answers
-    ifbench: int = 40
-    bfcl: int = 16
-    sharegpt: int = 64
-    traffic_humaneval: int = 24
-    traffic_mtbench: int = 16
-    traffic_ifbench: int = 16
-    traffic_sharegpt: int = 24
-    traffic_samples: int = 40  # the traffic's requests that are not held out go to the mix
-    max_prompt_chars: int = 2000  # a long ShareGPT history costs prefill in every stage and teaches little
+    humaneval: int = 24
+    mtbench: int = 12  # two user turns each: two answers
+    ifbench: int = 20
+    bfcl: int = 8
+    sharegpt: int = 32
+    traffic_humaneval: int = 16
+    traffic_mtbench: int = 8
+    traffic_ifbench: int = 8
+    traffic_sharegpt: int = 16
+    traffic_samples: int = 24  # the traffic's requests that are not held out go to the mix
+    max_prompt_chars: int = 1500  # a long ShareGPT history costs prefill in every stage and teaches little
     draft_vocab: int = 8192
     gen_batch: int = 16
 
 
 REAL = RealSettings(
     rows_per_source=0, traffic_requests=0, target_hidden=0, target_layers=0, target_vocab=0, target_steps=0,
-    gen_max_tokens=64, train_steps=120, train_batch=8, train_max_length=512, eval_prompts=32,
-    eval_max_new_tokens=64, eval_steps=3,
+    gen_max_tokens=48, train_steps=80, train_batch=8, train_max_length=384, eval_prompts=24,
+    eval_max_new_tokens=48, eval_steps=3,
 )
 
 

@@ -14,7 +14,7 @@ from curator.cli import main
 from curator.demo.real import REAL, RealDemo, RealSettings, prompt_sets, real_record, timing_table
 from curator.demo.report import StageResult
 from curator.rows import packages
-from curator.rows.schema import MANIFEST, open_mix
+from curator.rows.schema import MANIFEST, MixRow, open_mix
 from curator.ui import console
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prompts"
@@ -68,9 +68,9 @@ def test_the_traffic_and_the_mix_come_from_the_packages_with_the_traffic_held_ou
     manifest = json.loads((demo.w / "mix" / MANIFEST).read_text())
     kept = {s["name"]: s["kept"] for s in manifest["sources"]}
     assert kept["bfcl-simple-python"] == 2 and kept["humaneval"] >= 1 and kept["sharegpt"] >= 1
-    heldout = list(open_mix(demo.w / "mix" / ".heldout").rows())
+    heldout = [r for r in open_mix(demo.w / "mix" / ".heldout").rows() if isinstance(r, MixRow)]
     assert len(heldout) == TINY.eval_prompts
-    mixed = list(open_mix(demo.w / "mix").rows())
+    mixed = [r for r in open_mix(demo.w / "mix").rows() if isinstance(r, MixRow)]
     # a held-out traffic prompt is never in the mix, from the traffic or from its package
     held_texts = {json.dumps(r.messages[0]) for r in heldout}
     assert not held_texts & {json.dumps(r.messages[0]) for r in mixed}
@@ -120,7 +120,7 @@ def test_the_real_defaults_cap_what_a_135m_model_on_two_cores_costs() -> None:
     # generation is the cost (about 60 output tok/s on one core): the answers are capped
     assert REAL.gen_max_tokens <= 64 and REAL.eval_prompts <= 64
     rows = sum(p.samples for p in prompt_sets(REAL)) + REAL.traffic_samples
-    assert 150 <= rows <= 400
+    assert 100 <= rows <= 400
 
 
 def test_real_with_quick_or_wheels_without_real_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
