@@ -214,9 +214,12 @@ def stage_b(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str,
             torch.cuda.empty_cache()
     res.data.get("not_run", {}).pop("generate", None)
     states = args.work / "states-heldout"
-    if not (states / "index.json").exists() and not any(states.glob("*.json")) if states.exists() else True:
+    if "heldout_states" not in info:  # a store a killed call left half-written is captured again
+        import shutil
+
         from training.capture import hidden_states
 
+        shutil.rmtree(states, ignore_errors=True)
         t0 = time.perf_counter()
         hs = hidden_states.run(args.work / "target", gen_dirs["heldout"], states, dtype="bf16")
         info["heldout_states"] = {"tokens": hs.tokens, "seconds": round(time.perf_counter() - t0, 1)}
@@ -343,7 +346,8 @@ def stage_cd(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str
     starts that the slowest of its kind so far (per sample for training) says would end past the deadline."""
     w = args.work
     answered = done_ids(w / "gen-pool")
-    held = [i for ids in plan["heldout"].values() for i in ids[: args.eval_per_category]]
+    too_long = set(res.data.get("too_long_ids") or [])
+    held = [i for ids in plan["heldout"].values() for i in [j for j in ids if j not in too_long][: args.eval_per_category]]
     eval_rows = {sid: prompts[sid] for sid in held}
     weights = plan["traffic_weights"]
     ctx = {"work": str(w), "device": args.device, "threads": args.threads, "vocab": args.vocab, "ttt_steps": args.ttt_steps,
@@ -355,6 +359,8 @@ def stage_cd(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str
     for d in draft_plan(args, plan):
         if d["tag"] in drafts and drafts[d["tag"]].get("checkpoint") and Path(drafts[d["tag"]]["checkpoint"]).exists():
             continue
+        # a prompt longer than --max-prompt-tokens is left out of every arm alike (counted in stage_b)
+        d["ids"] = [i for i in d["ids"] if i not in too_long]
         missing = [i for i in d["ids"] if i not in answered]
         if missing:
             not_run[f"train:{d['tag']}"] = f"{len(missing)} of its {len(d['ids'])} prompts have no answer yet"
@@ -500,8 +506,16 @@ def stage_e(args: argparse.Namespace, res: Results, plan: dict[str, Any]) -> Non
     saved = {"settings": {"ttt_steps": args.ttt_steps, "batch": args.batch},
              "profile": {"shares": plan["traffic_weights"]},
              "drafts": {t: r for t, r in res.data["drafts"].items() if r.get("seed") == 0}}
+    # the largest matched draft's own sample count (a prompt left out as too long makes it a few short)
+    large = [r["samples"] for r in saved["drafts"].values()
+             if r.get("arm") == "matched" and r.get("size") == sizes[-1] and r.get("fraction", 1.0) == 1.0]
+    if not large:
+        res.data.setdefault("not_run", {})["forecast"] = f"the matched {sizes[-1]} draft was not trained"
+        res.save()
+        return
     try:
-        res.data["forecast"] = check(saved, fit_max=sizes[0], predict=sizes[-1])
+        res.data["forecast"] = check(saved, fit_max=sizes[0], predict=large[0])
+        res.data.get("not_run", {}).pop("forecast", None)
     except Exception as exc:  # too few drafts measured yet: said, never filled in
         res.data.setdefault("not_run", {})["forecast"] = f"{type(exc).__name__}: {exc}"
     res.save()
@@ -519,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--gen-batch", type=int, default=384)
     ap.add_argument("--gen-new-tokens", type=int, default=192)
-    ap.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--max-prompt-tokens", type=int, default=2048)
     ap.add_argument("--eval-per-category", type=int, default=64)
     ap.add_argument("--eval-new-tokens", type=int, default=64)
     ap.add_argument("--epochs", type=float, default=2.0)
@@ -528,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
-    ap.add_argument("--max-length", type=int, default=1280)
+    ap.add_argument("--max-length", type=int, default=2304)
     ap.add_argument("--workers", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--guess-train-s-per-sample", type=float, default=0.004)

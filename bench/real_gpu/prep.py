@@ -221,18 +221,30 @@ def build_matched(pool: list[dict[str, Any]], profile_path: Path, shares: dict[s
     files = {c: write_text(folder / f"{c}.jsonl", "".join(json.dumps(p["request"], ensure_ascii=False) + "\n"
                                                         for p in rows)) for c, rows in by_pcat.items()}
     quotas = share_quotas(size, {c: shares.get(c, 0.0) for c in files}, {c: len(v) for c, v in by_pcat.items()})
+    # build-mix --match sets each category's quota from the profile's share of the total and leaves a
+    # category the pool cannot fill short (IFBench's 147 rows against a 7.6% share): the profile it
+    # is given carries the capped shares instead, so every arm has the same number of rows; a 2%
+    # margin covers the rows dedup drops, trimmed per category below
+    prof = json.loads(profile_path.read_text(encoding="utf-8"))
+    for c, entry in prof["categories"].items():
+        entry["share"] = quotas.get(c, 0) / size
+    capped = write_text(work / f"profile-capped-{size}.json", json.dumps(prof))
+    margin = {c: min(len(by_pcat[c]), q + max(2, q // 50)) for c, q in quotas.items()}
     recipe = {"name": f"matched-{size}", "seed": 0, "dedup": {"exact": True, "near": 0.85},
               "sources": [{"path": f"pool/{c}.jsonl", "name": c, "format": "messages", "samples": q, "category": c}
-                          for c, q in quotas.items()]}
+                          for c, q in margin.items()]}
     rpath = write_text(work / f"recipe-matched-{size}.yaml", yaml.safe_dump(recipe))
     out = work / f"mix-matched-{size}"
     if out.exists():
         shutil.rmtree(out)
-    build_mix(load_recipe(rpath), out, match=profile_path)
+    build_mix(load_recipe(rpath), out, match=capped)
     ids = []
+    kept: Counter[str] = Counter()
     for r in read_mix(out):
         c, _, i = str(r["id"]).rpartition(":")
-        ids.append(by_pcat[c][int(i)]["id"])
+        if kept[c] < quotas.get(c, 0):
+            kept[c] += 1
+            ids.append(by_pcat[c][int(i)]["id"])
     return ids
 
 
