@@ -95,7 +95,7 @@ QUICK = DemoSettings(rows_per_source=16, traffic_requests=48, target_steps=80, g
                      train_max_length=192, eval_prompts=6, eval_max_new_tokens=24)
 
 
-def _cmd(argv: list[str]) -> str:
+def curator_line(argv: list[str]) -> str:
     """Return `argv` as a `curator ...` line a POSIX shell reads back as the same arguments."""
     return "curator " + " ".join(shell_word(a) for a in argv)
 
@@ -264,7 +264,7 @@ class Demo:
             _, rows = cat.query("SELECT count(*), count(DISTINCT dataset_id) FROM candidates")
             return {"candidates": rows[0][0], "datasets": rows[0][1]}
 
-        self._stage("scout", _cmd(argv), fn)
+        self._stage("scout", curator_line(argv), fn)
 
     def approve(self) -> None:
         from curator.sql import run_sql
@@ -279,7 +279,7 @@ class Demo:
             run_sql(sql, self.catalog)
             return {"approved datasets": len(Catalog.open(self.catalog).approved_candidates())}
 
-        self._stage("review", _cmd(["sql", sql, "--catalog", str(self.catalog)]), fn)
+        self._stage("review", curator_line(["sql", sql, "--catalog", str(self.catalog)]), fn)
 
     def profile(self) -> None:
         from curator.traffic.profile import build_profile, write_profile
@@ -295,7 +295,7 @@ class Demo:
             return {"requests": sum(c.rows for c in profile.categories.values()),
                     **{name: f"{c.share:.0%}" for name, c in profile.categories.items() if c.share}}
 
-        self._stage("profile", _cmd(["profile", "--traffic", str(traffic), "--out", str(out)]), fn)
+        self._stage("profile", curator_line(["profile", "--traffic", str(traffic), "--out", str(out)]), fn)
 
     def build_mix(self) -> None:
         from curator.mix.recipe import load_recipe
@@ -340,7 +340,7 @@ class Demo:
             return {"prompts": total["kept"], "duplicates": total["duplicates"], "malformed": total["malformed"],
                     "held-out traffic": (manifest.get("heldout") or {}).get("rows", 0)}
 
-        self._stage("build-mix", _cmd(["build-mix", "--recipe", str(recipe_path), "--match", str(profile),
+        self._stage("build-mix", curator_line(["build-mix", "--recipe", str(recipe_path), "--match", str(profile),
                                        "--out", str(mix_dir), "--catalog", str(self.catalog)]), fn)
 
     def make_target(self) -> None:
@@ -397,7 +397,7 @@ class Demo:
                     "output tok/s": stats.output_tokens_per_s, "answers one token repeated": repeated,
                     "tool calls written": self._check_tool_calls(out)}
 
-        self._stage("generate", _cmd(argv), fn)
+        self._stage("generate", curator_line(argv), fn)
 
     def _check_answers(self, gen_dir: Path) -> str:
         """Warn when most regenerated answers are one token repeated; return "n of N"."""
@@ -446,7 +446,7 @@ class Demo:
             return {"samples": plan.samples, "bytes/token (store)": plan.store_bytes_per_token,
                     "store bytes": plan.chosen.store_bytes}
 
-        self._stage("plan", _cmd(argv), fn)
+        self._stage("plan", curator_line(argv), fn)
 
     def hidden_states(self) -> None:
         argv = ["hidden-states", "--model", str(self.w / "target"), "--data", str(self.w / "gen"),
@@ -462,7 +462,7 @@ class Demo:
             return {"samples": len(store), "tokens": store.total_tokens(), "bytes": store.disk_bytes(),
                     "layers": store.meta.aux_layer_ids}
 
-        self._stage("hidden-states", _cmd(argv), fn)
+        self._stage("hidden-states", curator_line(argv), fn)
 
     def train_config(self) -> dict[str, Any]:
         """Return the draft's training config (train.yaml)."""
@@ -495,7 +495,7 @@ class Demo:
             return {"steps": f"{result.step} of {self.s.train_steps}",
                     "eval acc, draft position 1": (last.get("acc") or [None])[0], **accept_length_rows(last, "eval")}
 
-        self._stage("train", _cmd(["train", "--config", str(config_path), "--catalog", str(self.catalog)]), fn)
+        self._stage("train", curator_line(["train", "--config", str(config_path), "--catalog", str(self.catalog)]), fn)
 
     def export(self) -> None:
         argv = ["export", "--checkpoint", str(self.w / "run"), "--format", "sglang", "--out", str(self.w / "export")]
@@ -506,7 +506,7 @@ class Demo:
             path = export_checkpoint(self.w / "run", self.w / "export", fmt="sglang")
             return {"files": ", ".join(sorted(p.name for p in path.iterdir()))}
 
-        self._stage("export", _cmd(argv), fn)
+        self._stage("export", curator_line(argv), fn)
 
     def _launch(self, algorithm: str) -> str:
         return (f"python -m sglang.launch_server --model {self.w / 'target'} --speculative-algorithm {algorithm} "
@@ -530,9 +530,9 @@ class Demo:
                         f"refused: {report.errors[0].name}"}
             return fn
 
-        self._stage("doctor", _cmd([*base, "--launch", self._launch("EAGLE3")]), check("EAGLE3", True))
+        self._stage("doctor", curator_line([*base, "--launch", self._launch("EAGLE3")]), check("EAGLE3", True))
         # The original case's costly mistake: the doctor must refuse it.
-        self._stage("doctor (EAGLE)", _cmd([*base, "--launch", self._launch("EAGLE")]), check("EAGLE", False))
+        self._stage("doctor (EAGLE)", curator_line([*base, "--launch", self._launch("EAGLE")]), check("EAGLE", False))
 
     def eval(self) -> None:
         # the traffic's held-out conversations (build-mix kept them out of the mix), weighed by its profile
@@ -578,7 +578,7 @@ class Demo:
                     f"agentic prompts ({k})": self.report.acceptance_agentic,
                     f"simulated ({k})": self.report.acceptance_length_estimated}
 
-        self._stage("eval", _cmd(argv), fn)
+        self._stage("eval", curator_line(argv), fn)
 
     def serve(self) -> None:
         from curator.demo.serve import STAGE, launch_args, serve_and_measure
@@ -610,7 +610,7 @@ class Demo:
         for warning in self.report.warnings:
             console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
         console.print(f"open [bold]{html_path}[/] in a browser for the plots")
-        review = _cmd(["sql", "SELECT * FROM candidate_summary ORDER BY best_relevance DESC", "--catalog",
+        review = curator_line(["sql", "SELECT * FROM candidate_summary ORDER BY best_relevance DESC", "--catalog",
                        str(self.catalog)])
         console.print(f"review what the scouts found: [bold]{escape(review)}[/]", highlight=False)
 

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from rich.table import Table
 
-from curator.demo.pipeline import Demo, DemoSettings, _cmd
+from curator.demo.pipeline import Demo, DemoSettings, curator_line
 from curator.errors import ConfigError
 from curator.ui import console
 from training.io.atomic import write_json
@@ -165,7 +165,7 @@ class RealDemo(Demo):
             return {"requests": sum(taken.values()), **{f"from {k}": v for k, v in taken.items()},
                     **{name: f"{c.share:.0%}" for name, c in profile.categories.items() if c.share}}
 
-        self._stage("profile", _cmd(["profile", "--traffic", str(traffic), "--out", str(out)]), fn)
+        self._stage("profile", curator_line(["profile", "--traffic", str(traffic), "--out", str(out)]), fn)
 
     def recipe(self) -> dict[str, Any]:
         """Return the real demo's recipe: the package sources, then the traffic with its held-out split."""
@@ -201,7 +201,7 @@ class RealDemo(Demo):
                     "duplicates": total["duplicates"], "malformed": total["malformed"],
                     "held-out traffic": (manifest.get("heldout") or {}).get("rows", 0)}
 
-        self._stage("build-mix", _cmd(["build-mix", "--recipe", str(recipe_path), "--out", str(mix_dir),
+        self._stage("build-mix", curator_line(["build-mix", "--recipe", str(recipe_path), "--out", str(mix_dir),
                                        "--catalog", str(self.catalog)]), fn)
 
     def make_target(self) -> None:
@@ -214,7 +214,7 @@ class RealDemo(Demo):
             return {"model": known(TARGET).about, "folder": str(folder),
                     "made now": "yes (fetched, checked, dequantised)" if made else "no (cached)"}
 
-        self._stage("target", _cmd(["target", TARGET]) + " (the workdir's target links to its cached folder)", fn)
+        self._stage("target", curator_line(["target", TARGET]) + " (the workdir's target links to its cached folder)", fn)
 
     def _check_tool_calls(self, gen_dir: Path) -> str:
         """Return "n of N": rows offering tools whose tools SmolLM2's template dropped (it renders none)."""

@@ -52,7 +52,9 @@ def load_prompt_file(path: str | Path) -> tuple[list[EvalPrompt], int]:
     (one prompt per line), and the number of malformed lines skipped."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # "\n" only: str.splitlines() also cuts at U+2028, U+0085 and the like, which JSON written
+        # with ensure_ascii=False holds raw inside a string (a prompt would become two malformed lines)
+        lines = [line.removesuffix("\r") for line in path.read_text(encoding="utf-8").split("\n")]
     except FileNotFoundError:
         raise TrainingError(f"prompt file {path} does not exist") from None
     prompts: list[EvalPrompt] = []

@@ -195,7 +195,7 @@ def _logged_records(path: Path, step: int) -> tuple[dict[str, Any], dict[str, An
     """Return the last train and eval records logged at `step`: a finished run's result, read back on --resume."""
     found: dict[str, dict[str, Any]] = {}
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):
             try:
                 record = json.loads(line)
             except ValueError:
@@ -210,7 +210,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
         try:
             if int(json.loads(line).get("step", 0)) <= step:
                 keep.append(line)

@@ -141,14 +141,14 @@ def test_the_target_stage_shows_progress_and_runs_torch_on_one_thread(
 def test_the_demo_prints_commands_a_person_would_type() -> None:
     import shlex
 
-    from curator.demo.pipeline import _cmd
+    from curator.demo.pipeline import curator_line
 
     sql = "UPDATE candidates SET status = 'approved' WHERE id IN (1, 2)"
-    line = _cmd(["sql", sql, "--catalog", "/tmp/a b/catalog.duckdb"])
+    line = curator_line(["sql", sql, "--catalog", "/tmp/a b/catalog.duckdb"])
     assert line == f"curator sql \"{sql}\" --catalog '/tmp/a b/catalog.duckdb'"
     assert shlex.split(line)[1:] == ["sql", sql, "--catalog", "/tmp/a b/catalog.duckdb"]
     tricky = "SELECT '$HOME' AS \"x\""  # a $ or a " inside: only single quotes keep it as it is
-    assert shlex.split(_cmd(["sql", tricky]))[2] == tricky
+    assert shlex.split(curator_line(["sql", tricky]))[2] == tricky
 
 
 def test_the_report_page_writes_numbers_as_the_terminal_does(tmp_path: Path) -> None:

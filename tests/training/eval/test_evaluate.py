@@ -211,6 +211,22 @@ def test_prompt_file_counts_malformed_lines(tmp_path: Path) -> None:
     assert malformed == 3
 
 
+def test_prompt_file_keeps_a_prompt_holding_unicode_line_separators(tmp_path) -> None:
+    """JSON written with ensure_ascii=False holds U+2028, U+0085 and U+001C raw inside strings: each
+    row is still one prompt (str.splitlines() cut them into malformed halves); CRLF text files too."""
+    text = "first\u2028second\x85third\x1cfourth"
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"r{i}", "prompt": text}, ensure_ascii=False) for i in range(3)) + "\n",
+                    encoding="utf-8")
+    prompts, malformed = load_prompt_file(path)
+    assert (malformed, [p.id for p in prompts]) == (0, ["r0", "r1", "r2"])
+    assert prompts[0].messages[-1]["content"] == text
+    plain = tmp_path / "p.txt"
+    plain.write_bytes("one\r\ntwo \u2028 halves\r\n".encode())
+    prompts, _ = load_prompt_file(plain)
+    assert [p.messages[0]["content"] for p in prompts] == ["one", "two \u2028 halves"]
+
+
 def write_store(model, tokenizer, root: Path, n: int = 12) -> Path:
     """A hidden-state store captured from the tiny target at AUX_IDS (answers = the target's greedy)."""
     from training.storage.format import HiddenStateSample, StoreMeta
