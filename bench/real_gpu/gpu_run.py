@@ -527,14 +527,24 @@ def stage_e(args: argparse.Namespace, res: Results, plan: dict[str, Any]) -> Non
     # the largest matched draft's own sample count (a prompt left out as too long makes it a few short)
     large = [r["samples"] for r in saved["drafts"].values()
              if r.get("arm") == "matched" and r.get("size") == sizes[-1] and r.get("fraction", 1.0) == 1.0]
+    fit_max = sizes[0]
     if not large:
-        res.data.setdefault("not_run", {})["forecast"] = f"the matched {sizes[-1]} draft was not trained"
-        res.save()
-        return
+        # The largest cell not trained (a short call): the brief's check, one size down. Fit on the
+        # nested subsets of the smallest matched cell, predict that cell's full draft; said in the JSON.
+        subsets = [r["samples"] for r in saved["drafts"].values() if r.get("arm") == "matched" and r.get("fraction", 1.0) < 1.0]
+        full = [r["samples"] for r in saved["drafts"].values()
+                if r.get("arm") == "matched" and r.get("size") == sizes[0] and r.get("fraction", 1.0) == 1.0]
+        res.data.setdefault("not_run", {})["forecast_largest"] = f"the matched {sizes[-1]} draft was not trained"
+        if not (subsets and full):
+            res.data["not_run"]["forecast"] = f"neither the matched {sizes[-1]} draft nor the {sizes[0]} cell's subsets were trained"
+            res.save()
+            return
+        fit_max, large = max(subsets), full
+        res.data["forecast_scope"] = f"fit on the matched {sizes[0]} cell's subsets (<= {fit_max} samples), predicting its full draft"
     try:
-        res.data["forecast"] = check(saved, fit_max=sizes[0], predict=large[0])
+        res.data["forecast"] = check(saved, fit_max=fit_max, predict=large[0])
         res.data.get("not_run", {}).pop("forecast", None)
-    except Exception as exc:  # too few drafts measured yet: said, never filled in
+    except (Exception, SystemExit) as exc:  # too few drafts measured yet (check() exits): said, never filled in
         res.data.setdefault("not_run", {})["forecast"] = f"{type(exc).__name__}: {exc}"
     res.save()
 
