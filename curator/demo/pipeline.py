@@ -218,20 +218,17 @@ class Demo:
         quiet_library_progress()
         console.print(f"[dim]torch uses {DEMO_THREADS} thread: the demo's models are too small to gain from more, "
                       "and one thread makes its figures repeat run after run[/]", highlight=False)
-        self.scout()
-        self.approve()
-        self.profile()
-        self.build_mix()
-        self.make_target()
-        self.generate()
-        self.plan()
-        self.hidden_states()
-        self.train()
-        self.export()
-        self.doctor()
-        self.eval()
-        if self.serve_python:
-            self.serve()
+        return self.run_stages()
+
+    def stages(self) -> list[Callable[[], None]]:
+        """The stages in order (a mode adds its own: the real demo's prompt packages)."""
+        return [self.scout, self.approve, self.profile, self.build_mix, self.make_target, self.generate, self.plan,
+                self.hidden_states, self.train, self.export, self.doctor, self.eval,
+                *([self.serve] if self.serve_python else [])]
+
+    def run_stages(self) -> DemoReport:
+        for stage in self.stages():
+            stage()
         self.finish()
         return self.report
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -119,23 +120,11 @@ class RealDemo(Demo):
         quiet_library_progress()
         console.print("[bold]real mode[/]: target SmolLM2-135M-Instruct, prompts from PyPI prompt packages; "
                       "torch uses one thread (the figures repeat run after run)", highlight=False)
-        self.scout()
-        self.approve()
-        self.packages()
-        self.profile()
-        self.build_mix()
-        self.make_target()
-        self.generate()
-        self.plan()
-        self.hidden_states()
-        self.train()
-        self.export()
-        self.doctor()
-        self.eval()
-        if self.serve_python:
-            self.serve()
-        self.finish()
-        return self.report
+        return self.run_stages()
+
+    def stages(self) -> list[Callable[[], None]]:
+        order = super().stages()
+        return [*order[:2], self.packages, *order[2:]]  # the prompt packages, after the catalog's review
 
     def _search(self) -> list[Path]:
         return self.wheels

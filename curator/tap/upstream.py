@@ -33,6 +33,16 @@ class _Conn:
     def close(self) -> None:
         self.writer.close()
 
+    async def receive(self, when: str) -> None:
+        """Read what the engine sent next into the h11 state; EngineError naming `when` if it broke off."""
+        try:
+            data = await self.reader.read(_READ)
+        except OSError as exc:
+            raise EngineError(f"engine broke off {when}: {exc}") from None
+        if not data:
+            raise EngineError(f"engine closed the connection {when}")
+        self.h11.receive_data(data)
+
 
 class EngineResponse:
     """One answer being read: `status`, `reason`, `headers`, then `chunks()`; `close()` when done
@@ -56,13 +66,7 @@ class EngineResponse:
         while True:
             event = conn.h11.next_event()
             if event is h11.NEED_DATA:
-                try:
-                    data = await conn.reader.read(_READ)
-                except OSError as exc:
-                    raise EngineError(f"engine broke off: {exc}") from None
-                if not data:
-                    raise EngineError("engine closed the connection mid-answer")
-                conn.h11.receive_data(data)
+                await conn.receive("mid-answer")
             elif isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
@@ -159,13 +163,7 @@ class EnginePool:
             except h11.RemoteProtocolError as exc:
                 raise EngineError(f"engine answered no HTTP/1.1: {exc}") from None
             if event is h11.NEED_DATA:
-                try:
-                    data = await conn.reader.read(_READ)
-                except OSError as exc:
-                    raise EngineError(f"ReadError: {exc}") from None
-                if not data:
-                    raise EngineError("engine closed the connection before answering")
-                conn.h11.receive_data(data)
+                await conn.receive("before answering")
             elif isinstance(event, h11.Response):
                 return event
             elif isinstance(event, h11.ConnectionClosed):
