@@ -122,26 +122,19 @@ def generation_order(plan: dict[str, Any], max_size: int | None = None) -> list[
     return [i for i in order if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
 
 
+def answers(gen_dir: Path, want: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """id -> record, for every readable record in the shards (the trainer's own reader: lines split
+    at "\\n" only, where str.splitlines() cut records holding a raw U+2028 in two on the H100 run; a
+    line cut by a killed call is skipped and answered again)."""
+    from training.records.chat_tokens import iter_generation
+
+    if not any(gen_dir.glob("shard-*.jsonl")):
+        return {}
+    return {rec["id"]: rec for rec in iter_generation(gen_dir) if want is None or rec["id"] in want}
+
+
 def done_ids(gen_dir: Path) -> set[str]:
     return set(answers(gen_dir))
-
-
-def answers(gen_dir: Path, want: set[str] | None = None) -> dict[str, str]:
-    """id -> its record's line, for every readable record in the shards. Split on "\\n" only: the
-    records hold raw U+2028, U+0085 and the like (ensure_ascii=False), where str.splitlines() cuts
-    a record in two (what refused drafts and broke the matched arm's view on the H100 run)."""
-    out: dict[str, str] = {}
-    for f in sorted(gen_dir.glob("shard-*.jsonl")):
-        for line in f.read_text(encoding="utf-8").split("\n"):
-            if not line.strip():
-                continue
-            try:
-                sid = json.loads(line)["id"]
-            except (ValueError, KeyError, TypeError):  # a line cut by a killed call: answered again
-                continue
-            if want is None or sid in want:
-                out[sid] = line + "\n"
-    return out
 
 
 def stage_b(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str, Any]], plan: dict[str, Any],
@@ -267,7 +260,7 @@ def train_job(tag: str, ids: list[str], seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     view = w / "views" / tag
     view.mkdir(parents=True, exist_ok=True)
-    lines = list(answers(w / "gen-pool", set(ids)).values())
+    lines = [json.dumps(rec, ensure_ascii=False) + "\n" for rec in answers(w / "gen-pool", set(ids)).values()]
     write_text(view / "shard-00000.jsonl", "".join(lines))
     batch = min(c["batch"], len(lines))
     per_epoch = max(1, len(lines) // batch)
