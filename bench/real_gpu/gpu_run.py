@@ -88,6 +88,11 @@ def stage_a(args: argparse.Namespace, res: Results) -> None:
     if (target / "config.json").is_file():
         return
     t0 = time.perf_counter()
+    if args.random_target is not None:
+        random_target(args.random_target, target)
+        res.data["stage_a"] = {"seconds": round(time.perf_counter() - t0, 1), "random_target": True}
+        res.save()
+        return
     gguf = args.work / "model.gguf"
     if not gguf.is_file():
         parts = [args.gguf_part1 if args.gguf_part1.is_file() else args.data / "gguf.part1", args.data / "gguf.part2"]
@@ -107,6 +112,25 @@ def stage_a(args: argparse.Namespace, res: Results) -> None:
     gguf_to_folder(gguf, target, dtype="float32")
     res.data["stage_a"] = {"seconds": round(time.perf_counter() - t0, 1), "gguf_bytes": gguf.stat().st_size}
     res.save()
+
+
+def random_target(meta: Path, out: Path) -> None:
+    """A target of the real one's shape with random weights (its config and tokenizer from `meta`):
+    the calibration call times every kind of job on the card before the real GGUF is there. Its
+    greedy answers rarely end (no EOS learnt), its draft accepts ~nothing: worst-case timings."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(meta)), dtype=torch.float32)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    for f in meta.iterdir():
+        if f.is_file() and not (tmp / f.name).exists():
+            shutil.copy(f, tmp / f.name)
+    os.replace(tmp, out)
 
 
 # ---------------------------------------------------------------- B: the target's answers
@@ -147,6 +171,8 @@ def stage_b(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str,
         d.mkdir(parents=True, exist_ok=True)
     have = done_ids(gen_dirs["heldout"]) | done_ids(gen_dirs["pool"])
     todo = [i for i in generation_order(plan, args.gen_max_size) if i in prompts and i not in have]
+    if args.gen_limit is not None:
+        todo = todo[: max(0, args.gen_limit - len(have))]
     info = res.data.setdefault("stage_b", {"output_tokens": 0, "seconds": 0.0, "answered": 0, "too_long": 0})
     if todo:
         dev = args.device
@@ -252,7 +278,10 @@ def _target() -> tuple[Any, Any]:
 
 
 def train_job(tag: str, ids: list[str], seed: int) -> dict[str, Any]:
-    """Train one draft online (the target computes its states beside it); return its row's figures."""
+    """Train one draft online (the target computes its states beside it), export it for SGLang;
+    return its row's figures and its timing split: fixed (start, load, final eval, export) and per
+    sample-epoch (the training loop, from the trainer's own log records' clock)."""
+    from training.export.export import export_checkpoint
     from training.train.config import TrainConfig
     from training.train.trainer import train
 
@@ -269,11 +298,28 @@ def train_job(tag: str, ids: list[str], seed: int) -> dict[str, Any]:
                       warmup_ratio=0.03, global_batch_size=batch, micro_batch_size=batch, epochs=float(c["epochs"]),
                       max_steps=c["max_steps"], max_length=c["max_length"], eval_max_samples=None,
                       log_every=max(1, per_epoch // 4), eval_every=0, save_every=0, device=c["device"], seed=seed)
-    result = train(cfg)
+    marks: list[tuple[float, int]] = []  # (clock, step) at each training log record
+
+    def on_metrics(record: dict[str, Any]) -> None:
+        if record.get("split") == "train":
+            marks.append((time.perf_counter(), int(record["step"])))
+
+    result = train(cfg, on_metrics=on_metrics)
+    export = w / "exports" / tag
+    export_checkpoint(result.checkpoint, export, fmt="sglang", target_dir=w / "target")
+    total = time.perf_counter() - t0
+    steps = max(1, result.step)
+    if len(marks) >= 2 and marks[-1][1] > marks[0][1]:
+        per_step = (marks[-1][0] - marks[0][0]) / (marks[-1][1] - marks[0][1])
+    else:  # one log record: the whole run counts as training (the conservative split)
+        per_step = total / steps
+    loop_s = min(total, per_step * steps)
     sim = {k: round(v, 4) for k, v in (result.eval.get("sim_categories") or {}).items()}
     return {"tag": tag, "samples": len(lines), "train_steps": result.step, "steps_per_epoch": per_epoch,
-            "batch_size": batch, "simulated": sim, "checkpoint": str(result.checkpoint),
-            "train_tokens_per_s": round(result.train.get("tokens_per_s", 0.0)), "train_s": round(time.perf_counter() - t0, 1)}
+            "batch_size": batch, "simulated": sim, "checkpoint": str(result.checkpoint), "export": str(export),
+            "train_tokens_per_s": round(result.train.get("tokens_per_s", 0.0)), "train_s": round(total, 1),
+            "timing": {"fixed_s": round(total - loop_s, 2),
+                       "s_per_sample_epoch": loop_s / max(1.0, len(lines) * float(c["epochs"]))}}
 
 
 def greedy_job(ids: list[str]) -> dict[str, Any]:
@@ -282,73 +328,149 @@ def greedy_job(ids: list[str]) -> dict[str, Any]:
     from training.eval.evaluate import eos_token_ids
     from training.eval.prompts import render_prompt
 
+    t0 = time.perf_counter()
     target, tok = _target()
+    t1 = time.perf_counter()
     eos = eos_token_ids(target, tok)
-    return {"greedy": {sid: asdict(greedy_decode(target, render_prompt(tok, _CTX["eval"][sid]["messages"]),
-                                                 _CTX["eval_new_tokens"], eos)) for sid in ids}}
+    out = {sid: asdict(greedy_decode(target, render_prompt(tok, _CTX["eval"][sid]["messages"]),
+                                     _CTX["eval_new_tokens"], eos)) for sid in ids}
+    return {"greedy": out, "timing": {"fixed_s": round(t1 - t0, 2), "s_per_prompt": (time.perf_counter() - t1) / max(1, len(ids))}}
 
 
-def measure_job(tag: str, checkpoint: str, greedy: dict[str, Any]) -> dict[str, Any]:
+def measure_job(tag: str, export: str, greedy: dict[str, Any], ids: list[str], shard: int) -> dict[str, Any]:
+    """One shard of a draft's measurement: real speculative decoding (K = ttt_steps) of `ids`, each
+    output checked against the target's greedy decode; per category the histogram of accepted
+    tokens per verification forward, which the shards' sums make the draft's whole figure."""
     from training.eagle3.load import load_draft
     from training.eval.decode import GreedyResult
     from training.eval.evaluate import evaluate
     from training.eval.prompts import EvalPrompt
     from training.eval.proposers import DraftProposer
-    from training.eval.simulate import traffic_weighted
-    from training.export.export import export_checkpoint
 
     c, w = _CTX, Path(_CTX["work"])
     t0 = time.perf_counter()
-    export = w / "exports" / tag
-    export_checkpoint(checkpoint, export, fmt="sglang", target_dir=w / "target")
     target, tok = _target()
     cuda = c["device"].startswith("cuda")
-    model = load_draft(export, w / "target").to(torch.bfloat16 if cuda else torch.float32).to(c["device"])
-    prompts = [EvalPrompt(id=sid, messages=p["messages"], category=p["category"]) for sid, p in c["eval"].items()]
+    model = load_draft(Path(export), w / "target").to(torch.bfloat16 if cuda else torch.float32).to(c["device"])
+    prompts = [EvalPrompt(id=sid, messages=c["eval"][sid]["messages"], category=c["eval"][sid]["category"]) for sid in ids]
+    t1 = time.perf_counter()
     report = evaluate(target, tok, DraftProposer(model), prompts, steps=c["ttt_steps"], max_new_tokens=c["eval_new_tokens"],
-                      tie_margin=1e-2 if cuda else 1e-4, greedy={sid: GreedyResult(**g) for sid, g in greedy.items()})
-    measured = {k: round(s.acceptance_length, 4) for k, s in report.categories.items() if s.forwards}
-    return {"tag": tag, "measured": measured,
-            "measured_weighted": _r(traffic_weighted(report.categories, c["weights"])["acceptance_length"]),
-            "measured_overall": round(report.overall.acceptance_length, 4), "eval_prompts": len(report.prompts),
-            "eval_prompts_per_category": dict(Counter(r.category for r in report.prompts)), "greedy_ties": report.ties,
-            "spec_s": round(report.spec_s, 2), "new_tokens": report.new_tokens, "measure_s": round(time.perf_counter() - t0, 1)}
+                      tie_margin=1e-2 if cuda else 1e-4,
+                      greedy={sid: GreedyResult(**greedy[sid]) for sid in ids if sid in greedy})
+    return {"tag": tag, "shard": shard, "hist": {k: s.histogram() for k, s in report.categories.items()},
+            "prompts": len(report.prompts), "per_category": dict(Counter(r.category for r in report.prompts)),
+            "skipped": report.skipped, "ties": report.ties, "spec_s": round(report.spec_s, 2), "new_tokens": report.new_tokens,
+            "timing": {"fixed_s": round(t1 - t0, 2), "s_per_prompt": (time.perf_counter() - t1) / max(1, len(ids))}}
+
+
+def merge_measure(parts: dict[str, dict[str, Any]], weights: dict[str, float]) -> dict[str, Any]:
+    """A draft's measured figures from its shards' histograms (summed per category)."""
+    from training.eval.simulate import AcceptanceStats, traffic_weighted
+
+    sums: dict[str, list[int]] = {}
+    for part in parts.values():
+        for cat, hist in part["hist"].items():
+            acc = sums.setdefault(cat, [0] * len(hist))
+            for k, n in enumerate(hist):
+                acc[k] += n
+    cats = {cat: AcceptanceStats.from_histogram(h) for cat, h in sums.items()}
+    overall = AcceptanceStats.from_histogram([sum(col) for col in zip(*sums.values(), strict=True)]) if sums else None
+    per_cat: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    for part in parts.values():
+        per_cat.update(part["per_category"])
+        skipped.update(part["skipped"])
+    return {"measured": {k: round(s.acceptance_length, 4) for k, s in cats.items() if s.forwards},
+            "measured_weighted": _r(traffic_weighted(cats, weights)["acceptance_length"]) if cats else None,
+            "measured_overall": _r(overall.acceptance_length) if overall else None,
+            "measured_histograms": sums, "eval_prompts": sum(p["prompts"] for p in parts.values()),
+            "eval_prompts_per_category": dict(per_cat), "eval_skipped": dict(skipped),
+            "greedy_ties": sum(p["ties"] for p in parts.values()),
+            "spec_s": round(sum(p["spec_s"] for p in parts.values()), 2),
+            "new_tokens": sum(p["new_tokens"] for p in parts.values())}
 
 
 def draft_plan(args: argparse.Namespace, plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every draft, most important first: seed 0 at 2K and 8K, the forecast's subsets, the largest
-    size, then seeds 1 and 2 (the brief's order: the cells, the seeds, the largest)."""
+    """Every draft, most important first: seed 0 at 2K of every arm, the forecast's subsets, 8K, the
+    seeds 1 and 2 at 2K, then 8K's, then the largest size (what a call that fits only part ends with
+    first: every arm's 2K draft measured). --calibrate: one draft per arm on whatever is answered."""
     from curator import forecast as fc
 
     sizes = sorted(int(n) for n in plan["sizes"])
     small, mid, large = sizes[0], sizes[1], sizes[-1]
+    if args.calibrate:
+        return [{"tag": f"calib-{arm}", "arm": arm, "size": small, "seed": 0, "ids": plan["arms"][arm][str(small)],
+                 "calibration": True} for arm in ARMS]
     out: list[dict[str, Any]] = []
-    for n in (small, mid):
+
+    def cell(n: int, seed: int) -> None:
         for arm in ARMS:
-            out.append({"tag": f"{arm}-{n}-s0", "arm": arm, "size": n, "seed": 0, "ids": plan["arms"][arm][str(n)]})
+            out.append({"tag": f"{arm}-{n}-s{seed}", "arm": arm, "size": n, "seed": seed, "ids": plan["arms"][arm][str(n)]})
+
+    cell(small, 0)
     by_cat: dict[str, list[str]] = {}
     for sid in plan["arms"]["matched"][str(small)]:
         by_cat.setdefault(plan["category_of"][sid], []).append(sid)
     for frac, ids in fc.nested_subsets(by_cat, list(FRACTIONS), seed=0).items():
         out.append({"tag": f"matched-{small}-x{frac:g}-s0", "arm": "matched", "size": small, "seed": 0, "ids": ids,
                     "fraction": frac})
+    cell(mid, 0)
     for seed in args.seeds[1:]:
-        for n in (small, mid):
-            for arm in ARMS:
-                out.append({"tag": f"{arm}-{n}-s{seed}", "arm": arm, "size": n, "seed": seed, "ids": plan["arms"][arm][str(n)]})
-        if seed == args.seeds[1] and large > mid:
-            for arm in ARMS:
-                out.append({"tag": f"{arm}-{large}-s0", "arm": arm, "size": large, "seed": 0, "ids": plan["arms"][arm][str(large)]})
-    if len(args.seeds) < 2 and large > mid:
-        for arm in ARMS:
-            out.append({"tag": f"{arm}-{large}-s0", "arm": arm, "size": large, "seed": 0, "ids": plan["arms"][arm][str(large)]})
+        cell(small, seed)
+    for seed in args.seeds[1:]:
+        cell(mid, seed)
+    if large > mid:
+        cell(large, 0)
     return out
+
+
+def eval_shards(held: list[str], n: int) -> list[list[str]]:
+    """The held-out prompts in `n` shards of near-equal size, categories interleaved (held is
+    category-blocked), so every shard costs about the same."""
+    return [held[k::n] for k in range(n) if held[k::n]]
+
+
+class Timings:
+    """Per kind of job, the worst fixed cost and per-unit cost seen so far (seeded from --timings, a
+    calibration call's worst cases on the same card, else from the defaults below, which are guesses
+    on the long side): a job starts only if fixed + per-unit x units ends before the deadline."""
+
+    DEFAULTS = {"train": {"fixed_s": 120.0, "s_per_sample_epoch": 0.03},
+                "measure": {"fixed_s": 60.0, "s_per_prompt": 2.0},
+                "greedy": {"fixed_s": 60.0, "s_per_prompt": 1.0}}
+    UNIT = {"train": "s_per_sample_epoch", "measure": "s_per_prompt", "greedy": "s_per_prompt"}
+
+    def __init__(self, seed: dict[str, dict[str, float]] | None) -> None:
+        self.t = {k: dict(v) for k, v in self.DEFAULTS.items()}
+        self.source = {k: "default guess" for k in self.t}
+        for kind, vals in (seed or {}).items():
+            if kind in self.t:
+                self.t[kind].update({k: float(v) for k, v in vals.items() if k in self.t[kind]})
+                self.source[kind] = "calibration"
+        self.seen: set[str] = set()
+
+    def estimate(self, kind: str, units: float) -> float:
+        t = self.t[kind]
+        return t["fixed_s"] + t[self.UNIT[kind]] * units
+
+    def observe(self, kind: str, timing: dict[str, float]) -> None:
+        t = self.t[kind]
+        if kind not in self.seen:  # the first real figure replaces a guess or a calibration's worst case
+            t.update({k: float(v) for k, v in timing.items() if k in t})
+        else:
+            t.update({k: max(t[k], float(v)) for k, v in timing.items() if k in t})
+        self.seen.add(kind)
+        self.source[kind] = "observed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: {**{n: round(v, 4) for n, v in vals.items()}, "source": self.source[k]} for k, vals in self.t.items()}
 
 
 def stage_cd(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str, Any]], plan: dict[str, Any],
              deadline: float, stages: str) -> None:
-    """Train (C) and measure (D) on --workers processes sharing the GPU, most important first; no job
-    starts that the slowest of its kind so far (per sample for training) says would end past the deadline."""
+    """Train (C) and measure (D) on --workers processes sharing the GPU, most important first. A
+    draft's measurement runs as --measure-shards jobs on as many workers and goes before any new
+    training; no job starts that the worst timing of its kind so far says would end past the deadline."""
     w = args.work
     answered = done_ids(w / "gen-pool")
     too_long = set(res.data.get("too_long_ids") or [])
@@ -362,60 +484,70 @@ def stage_cd(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str
     not_run: dict[str, str] = res.data.setdefault("not_run", {})
     todo_train = []
     for d in draft_plan(args, plan):
-        if d["tag"] in drafts and drafts[d["tag"]].get("checkpoint") and Path(drafts[d["tag"]]["checkpoint"]).exists():
+        if d["tag"] in drafts and drafts[d["tag"]].get("export") and Path(drafts[d["tag"]]["export"]).exists():
             continue
         # a prompt longer than --max-prompt-tokens is left out of every arm alike (counted in stage_b)
         d["ids"] = [i for i in d["ids"] if i not in too_long]
         missing = [i for i in d["ids"] if i not in answered]
         # A few unanswered prompts (a generation cut by the deadline) cost a draft 1% of its samples at
         # most, counted in its row; more than that and the draft waits for the answers.
-        if len(missing) > len(d["ids"]) // 100:
+        if len(missing) > len(d["ids"]) // 100 and not d.get("calibration"):
             not_run[f"train:{d['tag']}"] = f"{len(missing)} of its {len(d['ids'])} prompts have no answer yet"
             continue
         not_run.pop(f"train:{d['tag']}", None)
         d["unanswered"] = len(missing)
         d["ids"] = [i for i in d["ids"] if i in answered]
-        todo_train.append(d)
+        if d["ids"]:
+            todo_train.append(d)
+    timing_file = args.timings if args.timings is not None and args.timings.is_file() else None
+    timings = Timings(json.loads(timing_file.read_text(encoding="utf-8")) if timing_file else None)
+    res.data["timings_seeded_from"] = str(timing_file) if timing_file else "defaults"
     pool = ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init, initargs=(ctx,))
-    slow: dict[str, float] = {"train_per_sample": args.guess_train_s_per_sample, "measure": args.guess_measure_s,
-                              "greedy": args.guess_measure_s}
     running: dict[Future, tuple[str, dict[str, Any], float]] = {}
     greedy_path = w / "greedy.json"  # JSON, not a pickle: nothing here is loaded with torch.load
-    greedy: dict[str, Any] | None = json.loads(greedy_path.read_text(encoding="utf-8")) if greedy_path.is_file() else None
-    greedy_pending = greedy is None and "D" in stages
+    greedy: dict[str, Any] = json.loads(greedy_path.read_text(encoding="utf-8")) if greedy_path.is_file() else {}
+    greedy_pending = "D" in stages and any(sid not in greedy for sid in held)
     if greedy_pending:
-        shards = [held[k:: args.workers] for k in range(args.workers)]
-        for part in shards:
-            if part:
-                running[pool.submit(run_timed, "greedy", part)] = ("greedy", {"ids": part}, time.perf_counter())
-        greedy = {}
-
-    def measure_queue() -> list[tuple[str, str]]:
-        if "D" not in stages:
-            return []
-        return [(t, r["checkpoint"]) for t, r in drafts.items()
-                if r.get("checkpoint") and r.get("measured_weighted") is None and f"measure:{t}" not in queued]
-
+        # the reference on the workers the first trainings leave free (the 2K drafts start at once)
+        free = max(1, args.workers - min(len(todo_train), len(ARMS)))
+        todo = [sid for sid in held if sid not in greedy]
+        for part in eval_shards(todo, free):
+            running[pool.submit(run_timed, "greedy", part)] = ("greedy", {"ids": part}, time.perf_counter())
     queued: set[str] = set()
+
+    def measure_queue() -> list[tuple[str, int, list[str]]]:
+        """(tag, shard, ids) of every measurement shard not yet done or queued, in training order."""
+        out = []
+        for t, r in drafts.items():
+            if not r.get("export") or r.get("measured_weighted") is not None:
+                continue
+            n = r.setdefault("measure_shards", args.measure_shards)
+            parts = r.setdefault("measure_parts", {})
+            for k, ids in enumerate(eval_shards(held, n)):
+                if str(k) not in parts and f"{t}#{k}" not in queued:
+                    out.append((t, k, ids))
+        return out
+
     try:
         while True:
             now = time.perf_counter()
             while len(running) < args.workers:
                 started = False
                 if "D" in stages and not greedy_pending:
-                    for t, ck in measure_queue():
-                        if now + slow["measure"] > deadline:
-                            not_run[f"measure:{t}"] = "not started: too little time left"
-                            queued.add(f"measure:{t}")
+                    for t, k, ids in measure_queue():
+                        queued.add(f"{t}#{k}")
+                        est = timings.estimate("measure", len(ids))
+                        if now + est > deadline:
+                            not_run[f"measure:{t}"] = f"shard {k} not started: {deadline - now:.0f} s left, it takes ~{est:.0f} s"
                             continue
-                        queued.add(f"measure:{t}")
                         not_run.pop(f"measure:{t}", None)
-                        running[pool.submit(run_timed, "measure", t, ck, greedy)] = ("measure", {"tag": t}, now)
+                        running[pool.submit(run_timed, "measure", t, drafts[t]["export"], {i: greedy[i] for i in ids if i in greedy}, ids, k)] = (
+                            "measure", {"tag": t, "shard": k}, now)
                         started = True
                         break
                 if not started and "C" in stages and todo_train:
                     d = todo_train.pop(0)
-                    est = slow["train_per_sample"] * len(d["ids"]) * args.epochs
+                    est = timings.estimate("train", len(d["ids"]) * args.epochs)
                     if now + est > deadline:
                         not_run[f"train:{d['tag']}"] = f"not started: {deadline - now:.0f} s left, it takes ~{est:.0f} s"
                         continue
@@ -440,37 +572,44 @@ def stage_cd(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str
                         stages = stages.replace("D", "")
                     continue
                 out = fut.result()
+                timings.observe(kind, out.pop("timing"))
                 if kind == "greedy":
-                    assert greedy is not None
                     greedy.update(out["greedy"])
-                    slow["greedy"] = max(slow["greedy"], dt)
                     if not any(k == "greedy" for k, _, _ in running.values()):
                         greedy_pending = False
                         write_text(greedy_path, json.dumps(greedy))
                         res.data["greedy_s"] = round(dt, 1)
                 elif kind == "train":
-                    slow["train_per_sample"] = max(slow["train_per_sample"] if "trained" in slow else 0.0,
-                                                   dt / max(1, len(d["ids"]) * args.epochs))
-                    slow["trained"] = 1.0
                     cats = Counter(plan["category_of"][i] for i in d["ids"])
                     drafts[d["tag"]] = {"arm": d["arm"], "size": d["size"], "seed": d["seed"],
                                         "fraction": d.get("fraction", 1.0), "category_samples": dict(cats),
-                                        "unanswered": d.get("unanswered", 0),
+                                        "unanswered": d.get("unanswered", 0), "calibration": d.get("calibration", False),
                                         "epochs": args.epochs, "measured": {}, "measured_weighted": None,
                                         **out, "simulated_weighted": weighted(out["simulated"], weights)}
                 else:
-                    slow["measure"] = max(slow["measure"] if "measured" in slow else 0.0, dt)
-                    slow["measured"] = 1.0
-                    drafts[d["tag"]].update(out)
-                print(f"[{kind} {d.get('tag', '')}] {dt:.1f} s", flush=True)
+                    r = drafts[d["tag"]]
+                    r["measure_parts"][str(d["shard"])] = out
+                    if len(r["measure_parts"]) == len(eval_shards(held, r["measure_shards"])):
+                        r.update(merge_measure(r["measure_parts"], weights))
+                        r["measure_s"] = round(time.perf_counter() - r.setdefault("measure_started", t0), 1)
+                        del r["measure_parts"]
+                        print(f"[measured {d['tag']}] {r['measured_weighted']} (simulated {r.get('simulated_weighted')})", flush=True)
+                    else:
+                        r.setdefault("measure_started", t0)
+                print(f"[{kind} {d.get('tag', '')}{'#' + str(d['shard']) if 'shard' in d else ''}] {dt:.1f} s", flush=True)
                 res.data["findings"] = findings(drafts)
-                res.data["timing_guesses"] = {k: round(v, 4) for k, v in slow.items()}
+                res.data["timing_guesses"] = timings.to_json()
                 res.save()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     for d in todo_train:
         not_run.setdefault(f"train:{d['tag']}", "not started: no time left")
     res.data["findings"] = findings(drafts)
+    res.data["timing_guesses"] = timings.to_json()
+    if args.calibrate:  # the worst cases seen, for the real calls' first jobs (--timings)
+        cal = {k: {n: v for n, v in vals.items()} for k, vals in timings.t.items() if k in timings.seen}
+        write_text(w / "timings.json", json.dumps(cal, indent=1))
+        write_text(args.out / "timings.json", json.dumps(cal, indent=1))
     res.save()
 
 
@@ -568,14 +707,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-length", type=int, default=2304)
     ap.add_argument("--workers", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--guess-train-s-per-sample", type=float, default=0.004)
-    ap.add_argument("--guess-measure-s", type=float, default=90.0)
+    ap.add_argument("--measure-shards", type=int, default=None, help="jobs per draft measurement (default: --workers)")
+    ap.add_argument("--timings", type=Path, default=None, help="a calibration call's timings.json: the first jobs' estimates")
+    ap.add_argument("--random-target", type=Path, default=None,
+                    help="a folder with the target's config and tokenizer: stage A makes a random-weight target of that shape")
+    ap.add_argument("--gen-limit", type=int, default=None, help="answer at most this many prompts in all")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="time every kind of job (one draft per arm on what is answered) and write timings.json")
     ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny answers, 1 step per draft, 2 seeds")
     args = ap.parse_args(argv)
     if args.tiny:
         args.gen_batch, args.gen_new_tokens, args.eval_per_category, args.eval_new_tokens = 16, 8, 2, 6
         args.max_steps, args.batch, args.vocab, args.workers, args.seeds = 1, 4, 512, 2, [0, 1]
         args.max_prompt_tokens, args.max_length = 384, 512
+    if args.measure_shards is None:
+        args.measure_shards = args.workers
     t_start = time.perf_counter()
     deadline = t_start + args.stop_after_s
     args.work.mkdir(parents=True, exist_ok=True)
