@@ -399,8 +399,9 @@ def draft_plan(args: argparse.Namespace, plan: dict[str, Any]) -> list[dict[str,
     sizes = sorted(int(n) for n in plan["sizes"])
     small, mid, large = sizes[0], sizes[1], sizes[-1]
     if args.calibrate:
-        return [{"tag": f"calib-{arm}", "arm": arm, "size": small, "seed": 0, "ids": plan["arms"][arm][str(small)],
-                 "calibration": True} for arm in ARMS]
+        answered = done_ids(args.work / "gen-pool")
+        return [{"tag": f"calib-{arm}", "arm": arm, "size": small, "seed": 0, "calibration": True,
+                 "ids": [i for i in plan["arms"][arm][str(small)] if i in answered][: args.calib_samples]} for arm in ARMS]
     out: list[dict[str, Any]] = []
 
     def cell(n: int, seed: int) -> None:
@@ -712,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-target", type=Path, default=None,
                     help="a folder with the target's config and tokenizer: stage A makes a random-weight target of that shape")
     ap.add_argument("--gen-limit", type=int, default=None, help="answer at most this many prompts in all")
+    ap.add_argument("--calib-samples", type=int, default=256, help="--calibrate: samples per draft")
     ap.add_argument("--calibrate", action="store_true",
                     help="time every kind of job (one draft per arm on what is answered) and write timings.json")
     ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny answers, 1 step per draft, 2 seeds")
