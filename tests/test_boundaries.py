@@ -26,6 +26,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("training.feed",),
     ("training.eagle3",),
     ("training.eval",),
+    ("training.drafts",),  # the draft-kind registry: over the kinds it registers, under all that asks it
     ("training.train",),
     ("training.export",),
     ("training.trainer", "training.hidden_states"),  # the entry modules of `python -m`
