@@ -260,7 +260,7 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
             "layer_convention": "sglang-input", "target_dir": str(tiny_target), "ttt_steps": STEPS,
             "store": {"path": str((store or root / "no-store").resolve())},
             "split": {"eval_fraction": eval_fraction, "eval_data": str(eval_data or ""), "eval_ids": [], "train_samples": 0}}
-    ckpt = save_checkpoint(root / "run", draft, meta, None)
+    ckpt = save_checkpoint(root / "run", draft.trainable_state_dict(), meta, None)
     return export_checkpoint(ckpt, root / f"export-{fmt}", fmt)
 
 
