@@ -293,7 +293,7 @@ def measure_job(tag: str, checkpoint: str, greedy: dict[str, Any]) -> dict[str, 
     from training.eval.decode import GreedyResult
     from training.eval.evaluate import evaluate
     from training.eval.prompts import EvalPrompt
-    from training.eval.proposers import DraftProposer
+    from training.eagle3.proposer import DraftProposer
     from training.eval.simulate import traffic_weighted
     from training.export.export import export_checkpoint
 

@@ -13,7 +13,8 @@ from safetensors import SafetensorError, safe_open
 from curator.engines.launch import int_or_none
 from curator.errors import ConfigError
 from training.drafts.registry import layout_of_export
-from training.eagle3.layouts.base import Layout, provenance
+from training.eagle3.layouts.base import Layout
+from training.io.export_folder import provenance
 from training.io.jsonfile import JSONFileError, read_json
 
 

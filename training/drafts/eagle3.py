@@ -1,8 +1,7 @@
 """EAGLE-3 (and its EAGLE-3.1 norms) as a draft kind: the built-in registration of training/eagle3/.
 
-Each operation hands over to the module of training/eagle3/ (or training/eval/, for its proposer and
-its simulated decoding) that does it; this adapter holds no EAGLE-3 logic of its own, only which
-function answers which question the core asks.
+Each operation hands over to the module of training/eagle3/ that does it; this adapter holds no EAGLE-3
+logic of its own, only which function answers which question the core asks.
 """
 
 from __future__ import annotations
@@ -24,10 +23,11 @@ from training.eagle3.model import VARIANT_KEYS, DraftConfig, Eagle3Draft
 from training.eagle3.objective import N_SUMS, PackedTTTObjective, metric_sums, packed_call, packed_target_signals
 from training.eagle3.objective import summarize as summarize_sums
 from training.errors import ModelMismatchError
-from training.eval.evaluate import offline_estimate
+from training.eagle3.offline import offline_estimate
+from training.eagle3.proposer import DraftProposer
+from training.eagle3.simulate import simulated_eval
 from training.eval.prompts import HeldOutSplit
-from training.eval.proposers import DraftProposer, Proposer
-from training.eval.simulate import simulated_eval
+from training.eval.proposers import Proposer
 from training.feed.batches import States
 from training.feed.packing import PackedBatch
 from training.target.head import TargetHead, load_embeddings

@@ -150,4 +150,4 @@ class DraftKind(Protocol):
 
     def offline_estimate(self, draft: nn.Module, store: str | Path, target_dir: str | Path, split: HeldOutSplit,
                          **options: Any) -> dict[str, Any]:
-        """Return the offline estimates on the store's held-out samples (training.eval.evaluate.offline_estimate)."""
+        """Return the offline estimates on the store's held-out samples (EAGLE-3's: training/eagle3/offline.py)."""

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from training.eagle3.layouts import Layout, layout_of
-from training.eagle3.layouts.base import provenance
 from training.eagle3.model import Eagle3Draft
 from training.eagle3.weights import check_servable, header_dtype
 from training.errors import ModelMismatchError, TrainingError
-from training.io.export_folder import WEIGHTS_FILE, read_export_config
+from training.io.export_folder import WEIGHTS_FILE, provenance, read_export_config
 from training.io.weights import read_weights
 from training.target.config import read_target_config
 from training.target.head import load_embeddings

@@ -1,5 +1,5 @@
 """An exported draft folder, of any kind and layout: a Hugging Face model folder, which is what every
-engine reads. Its two files' names and its config.json read back."""
+engine reads. Its two files' names, its config.json read back, and the toolkit's record in it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from training.io.jsonfile import JSONFileError, read_json
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+PROVENANCE_KEY = "curator"  # the toolkit's record in an exported config: how the draft was trained
 
 
 def read_export_config(export_dir: str | Path) -> dict[str, Any]:
@@ -23,3 +24,9 @@ def read_export_config(export_dir: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
     return config
+
+
+def provenance(config: dict[str, Any]) -> dict[str, Any]:
+    """Return the toolkit's record in an exported config; {} for a draft from elsewhere (or a record that is not an object)."""
+    block = config.get(PROVENANCE_KEY)
+    return block if isinstance(block, dict) else {}

@@ -14,7 +14,7 @@ from training.errors import TrainingError
 from training.eval.decode import GreedyMismatchError, greedy_decode, speculative_decode
 from training.eval.evaluate import evaluate
 from training.eval.prompts import EvalPrompt, load_prompt_file, render_prompt
-from training.eval.proposers import DraftProposer
+from training.eagle3.proposer import DraftProposer
 
 STEPS = 3
 MAX_NEW = 16
@@ -265,7 +265,7 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
 
 
 def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
-    from training.eval.evaluate import offline_estimate
+    from training.eagle3.offline import offline_estimate
     from training.eval.prompts import held_out_split
     from training.eagle3.load import load_draft
     from training.storage.reader import HiddenStateStore
