@@ -15,18 +15,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-import torch.nn as nn
+if TYPE_CHECKING:  # types only: the registry loads without torch (curator doctor's usage errors stay fast)
+    import torch
+    import torch.nn as nn
 
-from training.eagle3.layouts.base import Layout
-from training.eval.prompts import HeldOutSplit
-from training.eval.proposers import Proposer
-from training.feed.batches import States
-from training.feed.packing import PackedBatch
-from training.target.draft_vocab import DraftVocab
-from training.target.head import TargetHead
+    from training.eagle3.layouts.base import Layout
+    from training.eval.prompts import HeldOutSplit
+    from training.eval.proposers import Proposer
+    from training.feed.batches import States
+    from training.feed.packing import PackedBatch
+    from training.target.draft_vocab import DraftVocab
+    from training.target.head import TargetHead
 
 # A checkpoint written before kinds were recorded holds an EAGLE-3 draft: its meta.json has no `draft_kind`.
 DEFAULT_KIND = "eagle3"
@@ -88,11 +89,17 @@ class DraftKind(Protocol):
     """
 
     name: str
-    model_type: type[nn.Module]  # how a loaded draft is recognised as this kind's (curator eval)
-    n_sums: int  # the metric sums per TTT step the objective returns and `summarize` reads
     checkpoint_weights: tuple[str, ...]  # weights a checkpoint of this kind must hold
     formats: tuple[str, ...]  # its export layouts' names (`curator export --format`)
-    layouts: Mapping[str, Layout]  # those whose readers the doctor checks; a kind may have none yet
+    # those whose readers the doctor checks (EAGLE-3's Layout contract); a kind may have none yet
+    layouts: Mapping[str, Layout]
+
+    @property
+    def n_sums(self) -> int:
+        """Return how many metric sums per TTT step the objective returns and `summarize` reads."""
+
+    def owns(self, draft: nn.Module) -> bool:
+        """Whether a loaded draft is this kind's (how `curator eval` finds the kind of the draft it loaded)."""
 
     # training
     def start_from(self, path: str, target_dir: str, target_config: dict[str, Any], vocab_size: int,

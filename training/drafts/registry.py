@@ -4,21 +4,24 @@ by, or a loaded draft is an instance of. Nothing outside a kind's own folder and
 imports a kind.
 
 EAGLE-3 is registered built in (`training/drafts/eagle3.py`); a kind from elsewhere (a plugin, a
-test) calls `register` once before the run.
+test) calls `register` before the run, in every process that runs it: ranks started by torchrun or
+`train_local_ranks` import the registry afresh, so such a kind registers in the module their entry
+imports. This module loads no torch: `curator doctor` and the engines' checks ask it for layouts.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch.nn as nn
+from typing import TYPE_CHECKING, Any
 
 from training.drafts.eagle3 import Eagle3Kind
 from training.drafts.kind import DEFAULT_KIND, DraftKind
 from training.eagle3.layouts.base import Layout
 from training.errors import ModelMismatchError, TrainingError
 from training.io.export_folder import read_export_config
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 KINDS: dict[str, DraftKind] = {}
 
@@ -82,7 +85,7 @@ def kind_of_export(config: dict[str, Any]) -> DraftKind:
 def kind_of_model(draft: nn.Module) -> DraftKind:
     """Return the kind a loaded draft belongs to."""
     for kind in KINDS.values():
-        if isinstance(draft, kind.model_type):
+        if kind.owns(draft):
             return kind
     raise TrainingError(f"{type(draft).__name__} is no registered draft kind's model")
 

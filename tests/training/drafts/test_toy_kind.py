@@ -90,11 +90,13 @@ class ToyProposer:
 
 class ToyKind:
     name = "toy"
-    model_type: type[nn.Module] = ToyDraft
     n_sums = 3
     checkpoint_weights: tuple[str, ...] = ("proj.weight",)
     formats: tuple[str, ...] = ("toy",)
     layouts: Mapping[str, Any] = {}
+
+    def owns(self, draft: nn.Module) -> bool:
+        return isinstance(draft, ToyDraft)
 
     def start_from(self, path: str, target_dir: str, target_config: dict[str, Any], vocab_size: int,
                    aux_layer_ids: list[int], train_args: Mapping[str, Any]) -> StartDraft:
