@@ -9,7 +9,7 @@ hidden states from one forward, kept in float32 (what decoding sees) and rounded
 keeps); then
 
   measured   training.eval.decode.speculative_decode with the draft (the target verifies)
-  simulated  training.eval.simulate.simulate_acceptance on the stored continuations (timed)
+  simulated  training.eagle3.simulate.simulate_acceptance on the stored continuations (timed)
   teacher    training.eagle3.objective.offline_metrics, the teacher-forced estimate (timed)
 
     PYTHONPATH=. python bench/simulate_bench.py                 # hidden 256, 4 layers, 48 prompts
@@ -37,9 +37,9 @@ from training.eagle3.model import DraftConfig, Eagle3Draft  # noqa: E402
 from training.eval.decode import greedy_decode, speculative_decode  # noqa: E402
 from training.eval.evaluate import load_target  # noqa: E402
 from training.eval.prompts import render_prompt  # noqa: E402
-from training.eval.proposers import DraftProposer  # noqa: E402
+from training.eagle3.proposer import DraftProposer  # noqa: E402
 from training.eagle3.objective import offline_metrics  # noqa: E402
-from training.eval.simulate import simulate_acceptance  # noqa: E402
+from training.eagle3.simulate import simulate_acceptance  # noqa: E402
 from training.storage.format import HiddenStateSample  # noqa: E402
 from training.target.head import TargetHead  # noqa: E402
 from training.target.toy import build_target  # noqa: E402

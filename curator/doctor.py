@@ -26,7 +26,7 @@ from curator.errors import ConfigError
 from curator.http import public_url
 from training.errors import ModelMismatchError
 from training.eagle3.config_check import rope_measurable, size_problems
-from training.eagle3.layouts import LAYOUTS
+from training.drafts.registry import layouts
 from training.target.config import read_target_config
 
 __all__ = ["Check", "DoctorReport", "DraftLayout", "LaunchSpec", "check_launch", "diagnose", "parse_launch", "read_draft",
@@ -53,7 +53,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     checks: list[Check] = []
     archs = layout.architectures
     if layout.layout is None:
-        known = " or ".join(f"[{lay.architecture!r}] ({lay.name})" for lay in LAYOUTS.values())
+        known = " or ".join(f"[{lay.architecture!r}] ({lay.name})" for lay in layouts())
         return [Check("architecture", "error", f"architectures={archs!r}: expected {known}; re-export the checkpoint")]
     lay = layout.layout
     checks.append(Check("architecture", "ok", f"{archs[0] if archs else lay.name} ({lay.name} layout)"))
@@ -79,7 +79,7 @@ def check_layout(layout: DraftLayout) -> list[Check]:
     # d2t/t2d belong only to a draft vocabulary smaller than the target's (vLLM refuses them otherwise)
     small = dvocab != vocab
     missing = [k for k in lay.required_weights(small) if k not in shapes]
-    other = next((o for o in LAYOUTS.values() if o.decoder_prefix != lay.decoder_prefix
+    other = next((o for o in layouts() if o.decoder_prefix != lay.decoder_prefix
                   and any(k.startswith(o.decoder_prefix) for k in shapes)), None)
     if missing and other is not None:
         checks.append(Check("weight names", "error",
@@ -157,7 +157,8 @@ def _check_values(layout: DraftLayout, dvocab: int, vocab: int) -> list[Check]:
     """Return checks of the weights' values: all finite, d2t [draft_vocab] mapping into the target's vocabulary."""
     import torch  # here, not at the top: a usage error of `curator doctor` loads no torch
 
-    from training.eagle3.weights import nonfinite_tensors, vocab_map_problem
+    from training.eagle3.weights import vocab_map_problem
+    from training.io.weights import nonfinite_tensors
 
     bad: list[str] = []
     maps: dict[str, torch.Tensor] = {}

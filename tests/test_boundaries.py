@@ -24,8 +24,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("training.storage",),
     ("training.capture",),
     ("training.feed",),
+    ("training.eval",),  # speculative decoding and acceptance, any draft kind's (the Proposer protocol)
     ("training.eagle3",),
-    ("training.eval",),
+    ("training.drafts",),  # the draft-kind registry: over the kinds it registers, under all that asks it
     ("training.train",),
     ("training.export",),
     ("training.trainer", "training.hidden_states"),  # the entry modules of `python -m`

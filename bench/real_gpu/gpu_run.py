@@ -345,7 +345,7 @@ def measure_job(tag: str, export: str, greedy: dict[str, Any], ids: list[str], s
     from training.eval.decode import GreedyResult
     from training.eval.evaluate import evaluate
     from training.eval.prompts import EvalPrompt
-    from training.eval.proposers import DraftProposer
+    from training.eagle3.proposer import DraftProposer
 
     c, w = _CTX, Path(_CTX["work"])
     t0 = time.perf_counter()

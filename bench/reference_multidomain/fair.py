@@ -202,7 +202,7 @@ def _measure_job(job: Job) -> dict[str, Any]:
     """Export one checkpoint and measure it with `curator eval`'s speculative decoding on the eval prompts."""
     from training.eagle3.load import load_draft
     from training.eval.evaluate import evaluate
-    from training.eval.proposers import DraftProposer
+    from training.eagle3.proposer import DraftProposer
     from training.eval.simulate import traffic_weighted
     from training.export.export import export_checkpoint
 

@@ -56,7 +56,7 @@ from training.capture import hidden_states  # noqa: E402
 from training.io.atomic import write_text  # noqa: E402
 from training.eval.evaluate import evaluate, load_target  # noqa: E402
 from training.eval.prompts import EvalPrompt  # noqa: E402
-from training.eval.proposers import DraftProposer  # noqa: E402
+from training.eagle3.proposer import DraftProposer  # noqa: E402
 from training.export.export import export_checkpoint  # noqa: E402
 from training.eagle3.load import load_draft  # noqa: E402
 from training.eval.simulate import traffic_weighted  # noqa: E402

@@ -47,7 +47,7 @@ def eval_command(
     from training.eval.evaluate import load_target
     from training.eval.prompts import held_out_split, load_prompt_file, spread_by_category
     from training.eval.sampling import Sampling
-    from training.eagle3.load import load_draft
+    from training.drafts.registry import load_export
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -71,7 +71,7 @@ def eval_command(
     chosen = spread_by_category(all_prompts, limit)
     if not chosen:
         raise ConfigError(f"no usable prompts in {prompts} ({malformed} malformed)")
-    drafter = load_draft(draft, model)  # before the target: a broken export is refused in a second, not minutes
+    drafter = load_export(draft, model)  # before the target: a broken export is refused in a second, not minutes
     quiet_library_progress()  # transformers' "Loading weights" bar would cut into the eval's own lines
     target, tokenizer = load_target(model, device, dtypes[dtype])
     drafter = drafter.to(device=device, dtype=dtypes[dtype])

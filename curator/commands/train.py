@@ -89,14 +89,13 @@ def export(
                                           "training (the speculators layout carries its embeddings)."),
 ) -> None:
     """Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering."""
-    from training.export.export import FORMATS, export_checkpoint, is_hub_id
-    from training.eagle3.load import read_export_config
-    from training.eagle3.layouts import layout_named
+    from training.drafts.registry import exported_verifier
+    from training.export.export import export_checkpoint, formats, is_hub_id
 
-    if format not in FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if format not in formats():
+        raise ConfigError(f"--format must be one of {', '.join(formats())}, not {format!r}")
     path = export_checkpoint(checkpoint, out, fmt=format, verifier=verifier, target_dir=target)
-    name = layout_named(format).verifier(read_export_config(path))
+    name = exported_verifier(path)
     if name is not None and not is_hub_id(name):
         console.print(f"[yellow]warning:[/] the verifier is the local folder {escape(name)}; `vllm serve` needs the "
                       "target's Hub id: export again with --verifier ORG/NAME", highlight=False)

@@ -546,12 +546,12 @@ class Demo:
             from curator.evaluation.weighting import eval_weights
             from training.eval.evaluate import load_target
             from training.eval.prompts import held_out_split
-            from training.eagle3.load import load_draft
+            from training.drafts.registry import load_export
 
             chosen, _ = mix_prompts(prompts)
             weights = eval_weights(profile, prompts)  # the category map the held-out split recorded
             target, tokenizer = load_target(self.w / "target", "cpu")
-            drafter = load_draft(self.w / "export", self.w / "target")
+            drafter = load_export(self.w / "export", self.w / "target")
             result = measure(target, tokenizer, drafter, chosen, steps=self.s.eval_steps,
                              max_new_tokens=self.s.eval_max_new_tokens, tie_margin=1e-4, weights=weights,
                              offline=(self.w / "states", self.w / "target", held_out_split(self.w / "export")))

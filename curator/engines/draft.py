@@ -12,9 +12,9 @@ from safetensors import SafetensorError, safe_open
 
 from curator.engines.launch import int_or_none
 from curator.errors import ConfigError
-from training.eagle3.layouts import Layout, layout_of
-from training.eagle3.layouts.base import provenance
-from training.errors import ModelMismatchError
+from training.drafts.registry import layout_of_export
+from training.eagle3.layouts.base import Layout
+from training.io.export_folder import provenance
 from training.io.jsonfile import JSONFileError, read_json
 
 
@@ -133,11 +133,7 @@ def read_draft(path: str | Path) -> DraftLayout:
             shapes[key], dtypes[key] = tuple(tensor.get_shape()), str(tensor.get_dtype())
     if not shapes:
         raise ConfigError(f"no *.safetensors weights in {root}")
-    try:
-        layout: Layout | None = layout_of(config)
-    except ModelMismatchError:
-        layout = None
-    return DraftLayout(path=root, layout=layout, config=config, shapes=shapes, dtypes=dtypes)
+    return DraftLayout(path=root, layout=layout_of_export(config), config=config, shapes=shapes, dtypes=dtypes)
 
 
 def safetensors_files(root: Path) -> Any:

@@ -17,13 +17,14 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
     `weights` (curator.evaluation.weighting.eval_weights) its traffic-weighted figures; with `offline`
     (store, target directory, held-out split) the offline estimate on the held-out hidden states, at
     the traffic's shares when weighted. `curator eval` and the demo's eval stage both measure here."""
-    from training.eval.evaluate import evaluate, offline_estimate
-    from training.eval.proposers import DraftProposer
+    from training.drafts.registry import kind_of_model
+    from training.eval.evaluate import evaluate
     from training.eval.simulate import traffic_weighted
 
+    kind = kind_of_model(drafter)  # its proposer and its offline estimate are its kind's
     with progress() as bar:
         task = bar.add_task("speculative decoding", total=len(prompts))
-        report = evaluate(target, tokenizer, DraftProposer(drafter, num_draft_tokens), prompts, steps=steps, topk=topk,
+        report = evaluate(target, tokenizer, kind.proposer(drafter, num_draft_tokens), prompts, steps=steps, topk=topk,
                           max_new_tokens=max_new_tokens, tie_margin=tie_margin, sampling=sampling,
                           on_prompt=lambda _: bar.advance(task))
     if weights is not None:
@@ -34,8 +35,8 @@ def measure(target: Any, tokenizer: Any, drafter: Any, prompts: list[Any], *, st
     if offline is not None:
         data, model, split = offline
         with console.status("offline estimates on held-out hidden states"):
-            report.offline = offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
-                                              num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-                                              traffic_shares=weights.shares if weights else None,
-                                              traffic_groups=weights.groups if weights else None)
+            report.offline = kind.offline_estimate(drafter.float(), data, model, split, steps=steps, topk=topk,
+                                                   num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
+                                                   traffic_shares=weights.shares if weights else None,
+                                                   traffic_groups=weights.groups if weights else None)
     return report

@@ -23,7 +23,7 @@ def main() -> None:
     from curator.mix.prompts import mix_prompts
     from training.eval.evaluate import evaluate, load_target
     from training.eval.prompts import load_prompt_file, spread_by_category
-    from training.eval.proposers import DraftProposer
+    from training.eagle3.proposer import DraftProposer
     from training.eagle3.load import load_draft
     from training.target.head import load_embeddings
 

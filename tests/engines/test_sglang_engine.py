@@ -23,7 +23,7 @@ from sglang_cpu import (  # noqa: E402
 )
 from training.eval.evaluate import evaluate, load_target  # noqa: E402
 from training.eval.prompts import EvalPrompt  # noqa: E402
-from training.eval.proposers import DraftProposer  # noqa: E402
+from training.eagle3.proposer import DraftProposer  # noqa: E402
 from training.export.export import export_checkpoint  # noqa: E402
 from training.eagle3.load import load_draft  # noqa: E402
 from training.target.layers import default_aux_layers, sglang_captured, sglang_config_ids  # noqa: E402

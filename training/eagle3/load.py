@@ -7,29 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from training.eagle3.layouts import Layout, layout_of
-from training.eagle3.layouts.base import provenance
 from training.eagle3.model import Eagle3Draft
 from training.eagle3.weights import check_servable, header_dtype
 from training.errors import ModelMismatchError, TrainingError
-from training.io.jsonfile import JSONFileError, read_json
+from training.io.export_folder import WEIGHTS_FILE, provenance, read_export_config
 from training.io.weights import read_weights
 from training.target.config import read_target_config
 from training.target.head import load_embeddings
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-
-
-def read_export_config(export_dir: str | Path) -> dict[str, Any]:
-    """Return an export's config.json as a dict; TrainingError when it is missing or not a JSON object."""
-    root = Path(export_dir)
-    try:
-        config = read_json(root / CONFIG_FILE)
-    except (OSError, JSONFileError) as exc:  # JSONFileError: also a 5,000-digit integer or nesting 100K deep
-        raise TrainingError(f"{root} is not an exported draft ({exc})") from None
-    if not isinstance(config, dict):
-        raise TrainingError(f"{root}/config.json is not a JSON object; re-export the draft with curator export")
-    return config
 
 
 def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> Eagle3Draft:
@@ -40,7 +24,11 @@ def load_draft(export_dir: str | Path, target_dir: str | Path | None = None) -> 
     refused (ModelMismatchError).
     """
     root = Path(export_dir)
-    config = read_export_config(root)
+    return load_exported(root, read_export_config(root), target_dir)
+
+
+def load_exported(root: Path, config: dict[str, Any], target_dir: str | Path | None = None) -> Eagle3Draft:
+    """Return the draft of the export in `root` whose config.json is `config` (load_draft, the config read)."""
     target = target_dir or provenance(config).get("target_dir")
     target_config = read_target_config(target) if target and Path(target).exists() else None
     layout: Layout = layout_of(config)

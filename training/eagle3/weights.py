@@ -11,15 +11,7 @@ import torch
 
 from training.eagle3.model import DraftConfig
 from training.errors import ModelMismatchError
-
-
-def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Return the names of the floating-point tensors that hold NaN or inf (one host sync for all)."""
-    names = [k for k, v in tensors.items() if v.is_floating_point()]
-    if not names:
-        return []
-    finite = torch.stack([torch.isfinite(tensors[k]).all() for k in names]).cpu()
-    return [k for k, ok in zip(names, finite.tolist()) if not ok]
+from training.io.weights import nonfinite_tensors
 
 
 # torch dtypes under the names a safetensors header gives them (what training/eagle3/config_check.py judges)

@@ -1,5 +1,6 @@
 """`curator eval`'s run: the target loaded, every prompt decoded speculatively and greedily, the report
-(per category and traffic-weighted) beside the offline estimate from stored states.
+(per category and traffic-weighted) beside the offline estimate from stored states (the draft kind's:
+EAGLE-3's is training/eagle3/offline.py).
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training.eagle3.model import Eagle3Draft
-from training.eagle3.objective import offline_metrics
-from training.errors import ModelMismatchError, TrainingError
+from training.errors import TrainingError
 from training.eval.decode import GreedyMismatchError, GreedyResult, greedy_decode, speculative_decode
-from training.eval.prompts import EvalPrompt, HeldOutSplit, render_prompt
+from training.eval.prompts import EvalPrompt, render_prompt
 from training.eval.proposers import Proposer
 from training.eval.sampling import Sampling
-from training.eval.simulate import AcceptanceStats, simulate_acceptance, traffic_weighted
-from training.storage.reader import HiddenStateStore
-from training.target.head import TargetHead
+from training.eval.simulate import AcceptanceStats
 
 
 @dataclass
@@ -199,40 +196,6 @@ def _cached_greedy(cache: Mapping[str, GreedyResult] | None, prompt_id: str, max
         raise TrainingError(f"the cached greedy decode of prompt {prompt_id!r} has {n} tokens: it was not made "
                             f"with max_new_tokens={max_new_tokens}")
     return found
-
-
-def offline_estimate(
-    draft: Eagle3Draft, store_path: str | Path, target_dir: str | Path, split: HeldOutSplit, *,
-    steps: int, topk: int = 1, num_draft_tokens: int | None = None, max_samples: int | None = 512,
-    max_new_tokens: int | None = None, traffic_shares: dict[str, float] | None = None,
-    traffic_groups: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Return both offline estimates on the store's held-out samples (as the checkpoint split them):
-    the simulated decoding (`simulated`, the figure to trust) and the teacher-forced acc/cond_acc;
-    with `traffic_shares`, the simulated figure weighted by them too (`traffic_weighted`)."""
-
-    store = HiddenStateStore.open(store_path)
-    if not store.meta.has_final:
-        raise TrainingError(f"store {store_path} has no final hidden states: the offline estimate needs the target's logits")
-    stored_ids = list(store.meta.aux_layer_ids)
-    if stored_ids != list(draft.config.aux_layer_ids):
-        raise ModelMismatchError(
-            f"store {store_path} holds layers {stored_ids} (inputs of layers), the draft fuses {draft.config.aux_layer_ids}"
-        )
-    held, how = split.held_out(store_path, store.ids())
-    held = held[:max_samples] if max_samples is not None else held
-    if not held:
-        raise TrainingError(f"store {store_path} has no samples this draft did not train on ({how})")
-    device = next(draft.parameters()).device
-    head = TargetHead.from_pretrained(target_dir, dtype=torch.float32, device=device)
-    sim = simulate_acceptance(draft, store, held, steps=steps, topk=topk, num_draft_tokens=num_draft_tokens,
-                              target_head=head, max_new_tokens=max_new_tokens)
-    teacher = offline_metrics(draft, store, held, steps, head)
-    out = {"samples": len(held), "split": how, "checkpoint": split.checkpoint,
-           "acceptance_length": sim.acceptance_length, "simulated": sim.to_json(), "teacher_forced": teacher}
-    if traffic_shares is not None:
-        out["traffic_weighted"] = traffic_weighted(sim.categories, traffic_shares, traffic_groups)
-    return out
 
 
 def _compare(prompt_id: str, spec: list[int], greedy: GreedyResult, tie_margin: float) -> str:

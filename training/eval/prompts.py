@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.eagle3.layouts.base import provenance
+from training.io.export_folder import provenance
 from training.errors import TrainingError
 from training.feed.batches import split_eval
 from training.io.jsonfile import JSONFileError, parse_json, read_json

@@ -1,10 +1,10 @@
-"""Export a trained draft for serving in one of the layouts of training/eagle3/layouts/, and load any back.
+"""Export a trained draft for serving in one of its kind's layouts, and publish the folder whole.
 
-What each layout writes is its own module's business (training/eagle3/layouts/sglang.py, speculators.py);
-this module does what every export shares: read and check the checkpoint (finite weights, fc and
-d2t as the config says), gather what the layout needs to know of the target, and publish the folder
-safely (training.io.publish, as build-mix publishes a mix): one export at a time per output (a lock
-beside it), the staging folders of killed exports swept, the new folder swapped into place whole.
+What each layout writes is its kind's business (EAGLE-3's: training/eagle3/layouts/, reached through
+the draft-kind registry); this module does what every export shares: read and check the checkpoint,
+ask its kind for the files, and publish the folder safely (training.io.publish, as build-mix
+publishes a mix): one export at a time per output (a lock beside it), the staging folders of killed
+exports swept, the new folder swapped into place whole.
 """
 
 from __future__ import annotations
@@ -17,51 +17,19 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from training.drafts.kind import ExportRequest
+from training.drafts.registry import formats, kind_of_format, kind_of_meta
 from training.train.checkpoint import layer_ids as checkpoint_layer_ids
 from training.train.checkpoint import read_checkpoint
-from training.eagle3.load import CONFIG_FILE, WEIGHTS_FILE
-from training.eagle3.model import DraftConfig
-from training.eagle3.weights import check_servable, header_dtype
-from training.errors import ModelMismatchError, TrainingError
-from training.eagle3.layouts import FORMATS, ExportSource, layout_named
+from training.errors import TrainingError
 from training.io.atomic import give_default_mode
 from training.io.diskspace import named_disk_full
+from training.io.export_folder import CONFIG_FILE, WEIGHTS_FILE
 from training.io.outlock import OutputLock
 from training.io.publish import Publisher
-from training.target.config import read_target_config
-from training.target.head import load_embeddings
+from training.target.config import is_hub_id
 
-__all__ = ["FORMATS", "export_checkpoint", "is_hub_id"]
-
-
-
-def _target_shape(meta: dict[str, Any]) -> tuple[str | None, int]:
-    """Return (target class, layer count) recorded in the checkpoint, else read from the target."""
-    cfg = meta.get("target_config") or {}
-    if not cfg.get("num_hidden_layers") and Path(str(meta.get("target_dir", ""))).exists():
-        cfg = read_target_config(meta["target_dir"])
-    if not cfg.get("num_hidden_layers"):
-        raise TrainingError("the checkpoint records no target layer count and its target_dir is gone; "
-                            "the layer ids cannot be written for the engine")
-    arch = (cfg.get("architectures") or [None])[0]
-    return arch, int(cfg["num_hidden_layers"])
-
-
-def is_hub_id(name: str) -> bool:
-    """Return whether `name` reads as a Hub repository id (org/name), not a local path."""
-    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
-
-
-def _verifier(meta: dict[str, Any], verifier: str | None) -> str:
-    """Return the verifier for the speculators config: the one given, else the target's recorded name.
-
-    vLLM resolves `verifier.name_or_path` as a Hub id; a local folder is written only when nothing
-    better is known, and `curator export` and `curator doctor` then say to pass --verifier.
-    """
-    if verifier:
-        return verifier
-    name = str((meta.get("target_config") or {}).get("_name_or_path") or "")
-    return name if is_hub_id(name) else str(meta["target_dir"])
+__all__ = ["export_checkpoint", "formats", "is_hub_id"]
 
 
 def export_checkpoint(
@@ -73,41 +41,14 @@ def export_checkpoint(
     `verifier` is the target's Hub id for the speculators layout; `target_dir` overrides where the
     target's embeddings are read from (speculators layout) when the recorded folder moved.
     """
-    layout = layout_named(fmt)
+    kind_of_format(fmt)  # an unknown --format is named before the checkpoint is read
     ckpt, meta, weights = read_checkpoint(ckpt_dir)
-    cfg = DraftConfig.from_dict(meta["draft_config"])
-    check_servable(weights, cfg, f"checkpoint {ckpt}")
-    ids = checkpoint_layer_ids(meta)
-    if len(ids) != cfg.num_aux_layers:
-        raise ModelMismatchError(f"checkpoint {ckpt} records {len(ids)} aux layers {ids} but its fc fuses "
-                                 f"{cfg.num_aux_layers}; re-train or fix its meta.json")
-    arch, num_layers = _target_shape(meta)
-    source = ExportSource(
-        draft=cfg, layer_inputs=ids, target_architecture=arch, target_layers=num_layers,
-        target_config=meta.get("target_config") or {}, verifier=_verifier(meta, verifier),
-        speculative_tokens=min(3, int(meta.get("ttt_steps") or 3)),
-        provenance={"checkpoint": str(ckpt.resolve()), "step": meta["step"], "target_dir": meta["target_dir"],
-                    "vocab": meta.get("vocab", {}), "ttt_steps": meta.get("ttt_steps"),
-                    # the layers the draft was trained on, as layer inputs, whatever the engine's numbering
-                    "aux_layer_inputs": ids, "split": meta.get("split"),
-                    # the EAGLE-3.1 norms it was trained with: the doctor holds every engine's reading to them
-                    "variant": cfg.variant()},
-    )
-    config = layout.config(source)  # refuses what the layout's engines cannot serve as trained
-    embeddings = None
-    if layout.carries_embeddings:
-        origin = target_dir or meta["target_dir"]
-        if not Path(str(origin)).exists():
-            raise TrainingError(f"the target folder {origin} is gone; pass --target with the target's model folder "
-                                f"(the {layout.name} layout carries the target's embeddings)")
-        embeddings = load_embeddings(origin)
-    file_weights = layout.file_weights(weights, embeddings)
-    # never write an export that load_draft and the doctor would refuse (the check they share)
-    problems = [*layout.config_problems(config),
-                *layout.tensor_problems(config, {k: (tuple(v.shape), header_dtype(v)) for k, v in file_weights.items()})]
-    if problems:
-        raise ModelMismatchError(f"checkpoint {ckpt} would export as a draft no engine serves as trained: "
-                                 f"{'; '.join(problems)}")
+    kind = kind_of_meta(meta)
+    if fmt not in kind.formats:
+        raise TrainingError(f"checkpoint {ckpt} holds a {kind.name} draft, which exports as {', '.join(kind.formats)}, "
+                            f"not {fmt!r}")
+    file_weights, config = kind.export(ExportRequest(ckpt, meta, weights, checkpoint_layer_ids(meta), fmt,
+                                                     verifier, target_dir))
     return _publish(Path(out_dir).resolve(), file_weights, config)
 
 

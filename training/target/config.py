@@ -62,3 +62,8 @@ def read_target_config(source: str | Path, required: tuple[str, ...] = REQUIRED)
         raise TrainingError(f"{path} lacks {', '.join(missing)} (also under {', '.join(NESTED_KEYS)}); "
                             "is it a transformer model's config.json?")
     return text
+
+
+def is_hub_id(name: str) -> bool:
+    """Return whether `name` reads as a Hub repository id (org/name), not a local path."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()

@@ -6,7 +6,8 @@ A run directory holds `checkpoints/step-NNNNNNN/` folders (each published by one
 - `trainer_state.pt`: optimizer, scheduler, RNG, data position, pending metric sums (resume only):
   tensors and plain values only, read back with `torch.load(weights_only=True)`, so a planted or
   tampered file cannot run code on `--resume`;
-- `meta.json`: the format, `draft_config` (whose `aux_layer_ids` are the one record of the layers
+- `meta.json`: the format, `draft_kind` (the registered kind the weights are of; absent in checkpoints from
+  before kinds were recorded, which are EAGLE-3's), `draft_config` (whose `aux_layer_ids` are the one record of the layers
   the draft was trained on, in training.target.layers.CONVENTION), the target (`target_dir`,
   `target_config`), the store it was trained on, the vocab summary, `ttt_steps`, `train_config`
   and the held-out split (`split`: which ids trained and which were held out).
@@ -25,22 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 from safetensors.torch import save_file
 
 from training.io.atomic import write_text
 from training.io.diskspace import named_disk_full
-from training.eagle3.model import DraftConfig, Eagle3Draft
-from training.eagle3.weights import nonfinite_tensors
-from training.errors import DivergedError, ModelMismatchError, TrainingError
+from training.drafts.registry import kind_of_meta
+from training.errors import DivergedError, TrainingError
 from training.target.layers import check_layer_ids
-from training.target.head import load_embeddings
-from training.io.weights import read_weights
+from training.io.weights import nonfinite_tensors, read_weights
 
 FORMAT = "curator-eagle3-checkpoint/2"
 # /1 also recorded the layer ids at the top level, next to the same ids in draft_config.
 READABLE_FORMATS = ("curator-eagle3-checkpoint/1", FORMAT)
 REQUIRED_META = ("draft_config", "target_dir", "step")
-REQUIRED_WEIGHTS = ("fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
 WEIGHTS = "draft.safetensors"
 TRAINER_STATE = "trainer_state.pt"
 TRAINER_STATE_KEYS = ("optimizer", "scheduler", "rng", "step", "pending_sums", "pending_tokens")
@@ -71,15 +70,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None,
+    run_dir: Path, weights: dict[str, torch.Tensor], meta: dict[str, Any], trainer_state: dict[str, Any] | None,
     *, check_finite: bool = True,
 ) -> Path:
     """Write checkpoints/step-NNNNNNN/ (weights, meta, optimizer state) atomically; return it.
 
-    Refuses (DivergedError) weights that hold NaN or inf: no checkpoint of a diverged run is kept.
-    `check_finite=False` is for a caller that has just checked the same weights itself (the trainer).
+    `weights` are the draft's trainable ones (its kind's `trainable_weights`). Refuses (DivergedError)
+    weights that hold NaN or inf: no checkpoint of a diverged run is kept. `check_finite=False` is for
+    a caller that has just checked the same weights itself (the trainer).
     """
-    bad = nonfinite_tensors(draft.trainable_state_dict()) if check_finite else []
+    bad = nonfinite_tensors(weights) if check_finite else []
     if bad:
         raise DivergedError(f"the draft's weights hold NaN/inf ({', '.join(bad[:3])}) at step {meta['step']}: "
                             "training diverged; not saving it (lower lr or grad_clip and train again)")
@@ -90,7 +90,7 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         with named_disk_full(root):  # a full disk says so, not "unexpected pos ..."
-            _write_checkpoint(tmp, draft, meta, trainer_state)
+            _write_checkpoint(tmp, weights, meta, trainer_state)
         final = root / name
         if final.exists():
             shutil.rmtree(final)
@@ -102,9 +102,10 @@ def save_checkpoint(
     return final
 
 
-def _write_checkpoint(tmp: Path, draft: Eagle3Draft, meta: dict[str, Any], trainer_state: dict[str, Any] | None) -> None:
+def _write_checkpoint(tmp: Path, weights: dict[str, torch.Tensor], meta: dict[str, Any],
+                      trainer_state: dict[str, Any] | None) -> None:
     """Write a checkpoint's three files into the (temporary) folder `tmp`."""
-    state = {k: v.detach().cpu().contiguous() for k, v in draft.trainable_state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
     save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER_STATE)
@@ -142,22 +143,16 @@ def read_checkpoint(path: str | Path) -> tuple[Path, dict[str, Any], dict[str, t
     ckpt = resolve_checkpoint(path)
     meta = read_meta(ckpt)
     weights = read_weights(ckpt / WEIGHTS)
-    absent = [k for k in REQUIRED_WEIGHTS if k not in weights]
+    absent = [k for k in kind_of_meta(meta).checkpoint_weights if k not in weights]
     if absent:
         raise TrainingError(f"checkpoint {ckpt} lacks weights {absent}; refusing to use it")
     return ckpt, meta, weights
 
 
-def load_checkpoint_draft(ckpt: str | Path, target_dir: str | Path | None = None) -> tuple[Eagle3Draft, dict[str, Any]]:
+def load_checkpoint_draft(ckpt: str | Path, target_dir: str | Path | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Return (draft with the checkpoint's weights, its meta); embeddings from the target when reachable."""
     path, meta, weights = read_checkpoint(ckpt)
-    draft = Eagle3Draft(DraftConfig.from_dict(meta["draft_config"]))
-    missing, unexpected = draft.load_state_dict(weights, strict=False)
-    if unexpected or set(missing) - {"embed_tokens.weight"}:
-        raise ModelMismatchError(f"checkpoint {path} does not fit its config (missing {missing}, unexpected {unexpected})")
-    target = target_dir or meta.get("target_dir")
-    if target and Path(target).exists():
-        draft.load_embeddings(load_embeddings(target))
+    draft = kind_of_meta(meta).from_checkpoint(meta["draft_config"], weights, target_dir or meta.get("target_dir"), path)
     return draft, meta
 
 

@@ -40,6 +40,7 @@ class TrainConfig:
     target: str = ""  # the target's local model directory (config.json + safetensors)
     out: str = ""  # run directory: checkpoints, metrics.jsonl, vocab.json
     # the draft
+    draft_kind: str = "eagle3"  # a registered draft kind (training/drafts/registry.py); the options below are EAGLE-3's
     draft_vocab_size: int = 32000
     intermediate_size: int | None = None  # None: the target's
     init_lm_head_from_target: bool = True

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import torch
 
-from training.eagle3.weights import nonfinite_tensors
 from training.runtime.distributed import all_reduce_sum
 from training.errors import DivergedError, StoreIntegrityError
+from training.io.weights import nonfinite_tensors
 
 
 class _StatesBatch(Protocol):

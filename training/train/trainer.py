@@ -1,10 +1,11 @@
-"""Training the EAGLE-3 draft with training-time test (TTT) on stored target hidden states.
+"""Training a draft (EAGLE-3 by default) with training-time test (TTT) on stored target hidden states.
 
 A recipe in two parts: `setup` opens the data and the target's head, splits train and held-out
 ids, builds the draft, its vocabulary and optimizer, and restores a checkpoint when resuming;
 `train` runs the loop. The pieces live beside it: `batches` (reading and ordering samples),
-`objective` (the TTT loss and its metrics), `checkpoint` (the checkpoint format and I/O),
-`layers` (which target layers feed the draft).
+`checkpoint` (the checkpoint format and I/O), `layers` (which target layers feed the draft). What the
+draft is, its objective and its metrics are its kind's (`draft_kind=`, from training.drafts.registry):
+this module imports no kind.
 
 One optimizer step: the global batch (length-bucketed ids) is split over ranks, each rank's share
 packed into micro-batches (training.feed.packing: samples end to end, no padding, at most
@@ -36,7 +37,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from training.eagle3 import kernels
 from training.io.atomic import output_file, output_folder, write_text
 from training.feed.batches import Prefetcher, States, epoch_batches, training_ids
 from training.train.checkpoint import (
@@ -50,23 +50,21 @@ from training.train.checkpoint import (
 )
 from training.io.weights import read_weights
 from training.runtime.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
-from training.eagle3.model import DraftConfig, Eagle3Draft
+from training.drafts.kind import BuildArgs, DraftKind, HeldOutArgs, StartDraft
+from training.drafts.registry import kind_named
 from training.errors import ModelMismatchError, StoreError, TrainingError
 from training.train.nonfinite import NonFiniteWatch
-from training.eagle3.objective import N_SUMS, PackedTTTObjective, metric_sums, packed_call, packed_target_signals, summarize
 from training.feed.packing import DeviceCopier, PackedBatch, pack_samples, plan_micro_batches
 from training.capture.online import OnlineStates
 from training.feed.engine import CaptureFactory, EngineFeedError, EngineStates, parse_bytes
 from training.io.outlock import OutputLock
-from training.eval.simulate import simulated_eval
 from training.storage.format import StoreMeta
 from training.storage.reader import HiddenStateStore
 from training.target.config import read_target_config
 from training.io.tempfiles import remove_stale_checkpoints
-from training.target.head import TargetHead, load_embeddings
+from training.target.head import TargetHead
 from training.train.config import TrainConfig, load_run_config
-from training.train.init_from import InitDraft, read_init_draft
-from training.eagle3.vocab import DraftVocab, build_vocab, count_tokens
+from training.target.draft_vocab import DraftVocab, build_vocab, count_tokens
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 # Options that change how a run is watched or where it runs, never what it learns.
@@ -171,7 +169,7 @@ def _prepare_run_dir(cfg: TrainConfig, resume: bool, dist_info: DistInfo) -> tup
 
 def _resolve_vocab(
     cfg: TrainConfig, store: States, train_ids: list[str], run_dir: Path, dist_info: DistInfo, fresh: bool,
-    init: InitDraft | None = None,
+    init: StartDraft | None = None,
 ) -> DraftVocab:
     path = run_dir / "vocab.json"
     # Only a resumed run reuses its vocab; a fresh one (also in the folder of a run killed before
@@ -235,7 +233,8 @@ class Setup:
     train_ids: list[str]
     eval_ids: list[str]
     vocab: DraftVocab
-    draft: Eagle3Draft
+    kind: DraftKind
+    draft: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     total_steps: int
@@ -268,6 +267,7 @@ def open_states(cfg: TrainConfig, device: torch.device, dist_info: DistInfo,
 
 def setup(cfg: TrainConfig, resume: bool = False, capture_factory: CaptureFactory | None = None) -> Setup:
     """Return the run's data, draft and optimizer, restored from its latest checkpoint when resuming."""
+    kind = kind_named(cfg.draft_kind)  # an unknown kind is named before anything is opened
     dist_info = init_distributed(cfg.device)
     device, world = dist_info.device, dist_info.world_size
     if cfg.global_batch_size % world:
@@ -299,30 +299,18 @@ def setup(cfg: TrainConfig, resume: bool = False, capture_factory: CaptureFactor
             raise TrainingError(f"--resume on other data: {cfg.data} no longer holds the samples {ckpt} trained on")
     if ckpt is None and dist_info.is_main:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # left by a run killed before its first checkpoint
-    init = (read_init_draft(cfg.init_from, cfg.target, target_cfg, head.vocab_size, list(store.meta.aux_layer_ids),
-                             cfg.variant(), cfg.intermediate_size) if cfg.init_from and ckpt is None else None)
+    train_args = cfg.to_dict()
+    init = (kind.start_from(cfg.init_from, cfg.target, target_cfg, head.vocab_size, list(store.meta.aux_layer_ids),
+                            train_args) if cfg.init_from and ckpt is None else None)
     vocab = _resolve_vocab(cfg, store, train_ids, run_dir, dist_info, fresh=ckpt is None, init=init)
 
     torch.manual_seed(cfg.seed)
-    if init is not None:  # a draft from elsewhere keeps its shape
-        draft_cfg = init.config
-    elif cfg.init_from and ckpt is not None:  # ... and so does one resumed from it
-        draft_cfg = DraftConfig.from_dict(read_meta(ckpt)["draft_config"])
-    else:
-        draft_cfg = DraftConfig.from_target_config(
-            {**target_cfg, "vocab_size": head.vocab_size},
-            draft_vocab_size=vocab.size,
-            aux_layer_ids=store.meta.aux_layer_ids,  # normalised to training.target.layers.CONVENTION when opened
-            intermediate_size=cfg.intermediate_size,
-            variant=cfg.variant(),
-        )
-    draft = Eagle3Draft(draft_cfg)
-    draft.load_embeddings(load_embeddings(cfg.target))
-    draft.set_vocab(vocab.d2t, vocab.t2d)
-    if init is not None:
-        draft.load_state_dict(init.weights, strict=False)  # every trainable weight (load_draft checked them)
-    elif cfg.init_lm_head_from_target:
-        draft.init_lm_head_from_target(head.weight)
+    draft = kind.build(BuildArgs(
+        train_args, target_cfg, head, vocab,
+        aux_layer_ids=store.meta.aux_layer_ids,  # normalised to training.target.layers.CONVENTION when opened
+        start=init,
+        # a run started from elsewhere keeps that draft's shape when it resumes
+        resumed_config=read_meta(ckpt)["draft_config"] if cfg.init_from and ckpt is not None else None))
     draft.to(device)
 
     batches_per_epoch = len(train_ids) // cfg.global_batch_size
@@ -333,7 +321,8 @@ def setup(cfg: TrainConfig, resume: bool = False, capture_factory: CaptureFactor
                                   fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
     meta = {
-        "draft_config": draft_cfg.to_dict(),
+        "draft_kind": kind.name,
+        "draft_config": kind.config_of(draft),
         "target_dir": str(Path(cfg.target).resolve()),
         "target_config": {k: target_cfg.get(k) for k in ("architectures", "model_type", "hidden_size",
                                                            "num_hidden_layers", "vocab_size", "_name_or_path")},
@@ -347,8 +336,8 @@ def setup(cfg: TrainConfig, resume: bool = False, capture_factory: CaptureFactor
         "train_config": cfg.to_dict(),
     }
     run = Setup(cfg, dist_info, device, use_bf16, data_dtype, store, eval_store, head, run_dir, train_ids, eval_ids,
-                vocab, draft, optimizer, scheduler, total_steps, batches_per_epoch, meta)
-    run.pending = torch.zeros(cfg.ttt_steps, N_SUMS, dtype=torch.float64)
+                vocab, kind, draft, optimizer, scheduler, total_steps, batches_per_epoch, meta)
+    run.pending = torch.zeros(cfg.ttt_steps, kind.n_sums, dtype=torch.float64)
     if ckpt is not None:
         draft.load_state_dict(read_weights(ckpt / WEIGHTS), strict=False)
         state = load_trainer_state(ckpt)
@@ -407,7 +396,7 @@ def _train(
 
 def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
          stop_after_steps: int | None) -> TrainResult:
-    draft, store, head, device, dist_info = run.draft, run.store, run.head, run.device, run.dist
+    kind, draft, store, head, device, dist_info = run.kind, run.draft, run.store, run.head, run.device, run.dist
     world, rank = dist_info.world_size, dist_info.rank
     optimizer, scheduler, total_steps, batches_per_epoch = run.optimizer, run.scheduler, run.total_steps, run.batches_per_epoch
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -417,8 +406,8 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
     pending = run.pending.to(device, copy=True)
     resumed = step > 0
 
-    kernels.enable_if_working(device)  # compiled RMSNorm/soft-CE on CUDA (TRAINING_COMPILE=0: eager)
-    objective: nn.Module = PackedTTTObjective(draft)
+    kind.prepare(device)
+    objective: nn.Module = kind.objective(draft)
     if dist_info.enabled:
         objective = nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
@@ -431,7 +420,7 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
         path = run.run_dir / "checkpoints" / f"step-{at_step:07d}"
         watch.check(at_step, pending, scheduler.get_last_lr()[0])  # never a checkpoint of NaNs
         if dist_info.is_main:
-            path = save_checkpoint(run.run_dir, draft, {**run.meta, "step": at_step}, {
+            path = save_checkpoint(run.run_dir, kind.trainable_weights(draft), {**run.meta, "step": at_step}, {
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "rng": rng_state(),
@@ -453,14 +442,10 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
     def run_eval(at_step: int) -> dict[str, Any]:
         if not run.eval_ids:
             return {}
-        sums = metric_sums(draft, run.eval_store, run.eval_ids[rank::world], cfg.ttt_steps, head,
-                           batch_size=cfg.micro_batch_size, max_length=cfg.max_length, autocast=run.use_bf16)
-        record = {"split": "eval", "step": at_step, **summarize(all_reduce_sum(sums), cfg.step_weight),
-                  "samples": len(run.eval_ids)}
-        # decoding as the engine runs it (a chain of ttt_steps): the figure that predicts serving
-        record.update(simulated_eval(draft, run.eval_store, run.eval_ids, cfg.ttt_steps, rank=rank, world=world,
-                                     reduce=all_reduce_sum, batch_size=cfg.micro_batch_size,
-                                     max_length=cfg.max_length, autocast=run.use_bf16))
+        figures = kind.held_out(draft, run.eval_store, run.eval_ids, head, HeldOutArgs(
+            cfg.ttt_steps, cfg.step_weight, rank=rank, world=world, reduce=all_reduce_sum,
+            batch_size=cfg.micro_batch_size, max_length=cfg.max_length, autocast=run.use_bf16))
+        record = {"split": "eval", "step": at_step, **figures, "samples": len(run.eval_ids)}
         emit(record)
         return record
 
@@ -514,19 +499,19 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
             counts = all_reduce_sum(torch.stack([b.step_counts(cfg.ttt_steps) for b in loaded]).sum(0).to(device))
             step_scale = (weights.to(device) / counts.clamp(min=1) * world).float()
             optimizer.zero_grad(set_to_none=True)
-            step_sums = torch.zeros(cfg.ttt_steps, N_SUMS, dtype=torch.float64, device=device)
+            step_sums = torch.zeros(cfg.ttt_steps, kind.n_sums, dtype=torch.float64, device=device)
             moving = copier.start(loaded[0])
             for i, cpu_batch in enumerate(loaded):
                 batch = copier.wait(moving)
                 if i + 1 < len(loaded):
                     moving = copier.start(loaded[i + 1])  # copied while this one computes
                 watch.watch(batch)
-                sig = packed_target_signals(batch, head, draft.draft_ids(), draft.t2d)
+                sig = kind.targets(batch, head, draft)
                 sync = i == len(loaded) - 1 or not dist_info.enabled
                 ctx = nullcontext() if sync else objective.no_sync()  # type: ignore[operator]
                 with ctx:
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.use_bf16):
-                        loss, sums = packed_call(objective, batch, sig, step_scale, cfg.ttt_steps)
+                        loss, sums = kind.step(objective, batch, sig, step_scale, cfg.ttt_steps)
                     loss.backward()
                 step_sums += sums  # on the device: no host sync inside the step
                 pending_tokens += cpu_batch.tokens
@@ -546,7 +531,7 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
                 elapsed = time.perf_counter() - t_log
                 last_train = {
                     "split": "train", "step": step, "epoch": round(step / batches_per_epoch, 4),
-                    "lr": scheduler.get_last_lr()[0], **summarize(totals, cfg.step_weight),
+                    "lr": scheduler.get_last_lr()[0], **kind.summarize(totals, cfg.step_weight),
                     "grad_norm": sum(norms) / len(norms), "tokens": tokens,
                     "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "total_steps": total_steps,
                 }

@@ -16,7 +16,7 @@ def test_eval_loads_the_target_with_the_library_bars_off(tmp_path: Path, monkeyp
     from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
     from transformers.utils import logging as transformers_logging
 
-    import training.eagle3.load
+    import training.drafts.registry
     import training.eval.evaluate
 
     seen: dict[str, bool] = {}
@@ -26,7 +26,7 @@ def test_eval_loads_the_target_with_the_library_bars_off(tmp_path: Path, monkeyp
         seen["hub bars off"] = are_progress_bars_disabled()
         raise SystemExit(3)  # the measurement itself is not what this test is about
 
-    monkeypatch.setattr(training.eagle3.load, "load_draft", lambda *a, **k: object())
+    monkeypatch.setattr(training.drafts.registry, "load_export", lambda *a, **k: object())
     monkeypatch.setattr(training.eval.evaluate, "load_target", load_target)
     transformers_logging.enable_progress_bar()
     enable_progress_bars()

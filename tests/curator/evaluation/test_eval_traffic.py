@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_the_category_map_is_the_mixs_and_briefs_at_eval_time_change_nothing(tmp
 def test_a_mix_without_a_recorded_map_counts_categories_by_their_names_and_says_so(tmp_path: Path, monkeypatch,
                                                                                  capsys) -> None:
     import training.eval.evaluate as evaluate_module
-    import training.eval.proposers as proposers
+    import training.drafts.registry as registry
     from curator.evaluation.measure import measure
 
     mix = write_mix(tmp_path / "mix", [{"id": "a", "category": "coding", "messages": [{"role": "user", "content": "x"}]}])
@@ -94,7 +95,7 @@ def test_a_mix_without_a_recorded_map_counts_categories_by_their_names_and_says_
         assert weights.groups == {} and weights.recorded is None
     report = type("Report", (), {"categories": {"coding": stats([2]), "code": stats([1])}, "traffic": None})()
     monkeypatch.setattr(evaluate_module, "evaluate", lambda *args, **kwargs: report)  # no decoding: the weighting only
-    monkeypatch.setattr(proposers, "DraftProposer", lambda *args: None)
+    monkeypatch.setattr(registry, "kind_of_model", lambda draft: SimpleNamespace(proposer=lambda *args: None))
     measure(None, None, None, [], steps=STEPS, max_new_tokens=1, tie_margin=0.0, weights=weights)
     err = " ".join(capsys.readouterr().err.split())
     assert err.count("record no category map") == 1 and "of its name only" in err

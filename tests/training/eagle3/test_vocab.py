@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from training.eagle3.vocab import DraftVocab, build_vocab, count_tokens, coverage, vocab_from_samples
+from training.target.draft_vocab import DraftVocab, build_vocab, count_tokens, coverage, vocab_from_samples
 
 
 @dataclass

@@ -14,7 +14,7 @@ from training.errors import TrainingError
 from training.eval.decode import GreedyMismatchError, greedy_decode, speculative_decode
 from training.eval.evaluate import evaluate
 from training.eval.prompts import EvalPrompt, load_prompt_file, render_prompt
-from training.eval.proposers import DraftProposer
+from training.eagle3.proposer import DraftProposer
 
 STEPS = 3
 MAX_NEW = 16
@@ -260,12 +260,12 @@ def export_random_draft(model, tiny_target: Path, root: Path, fmt: str = "sglang
             "layer_convention": "sglang-input", "target_dir": str(tiny_target), "ttt_steps": STEPS,
             "store": {"path": str((store or root / "no-store").resolve())},
             "split": {"eval_fraction": eval_fraction, "eval_data": str(eval_data or ""), "eval_ids": [], "train_samples": 0}}
-    ckpt = save_checkpoint(root / "run", draft, meta, None)
+    ckpt = save_checkpoint(root / "run", draft.trainable_state_dict(), meta, None)
     return export_checkpoint(ckpt, root / f"export-{fmt}", fmt)
 
 
 def test_offline_estimates_use_the_checkpoints_split_and_sit_beside_the_measured_one(target, prompts, tiny_target: Path, tmp_path: Path) -> None:
-    from training.eval.evaluate import offline_estimate
+    from training.eagle3.offline import offline_estimate
     from training.eval.prompts import held_out_split
     from training.eagle3.load import load_draft
     from training.storage.reader import HiddenStateStore

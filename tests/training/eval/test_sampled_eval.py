@@ -24,9 +24,10 @@ from training.errors import TrainingError
 from training.eval.decode import speculative_decode
 from training.eval.evaluate import evaluate
 from training.eval.prompts import EvalPrompt, render_prompt
-from training.eval.proposers import DraftProposer
+from training.eagle3.proposer import DraftProposer
 from training.eval.sampling import Sampling
-from training.eval.simulate import AcceptanceStats, simulate_acceptance
+from training.eagle3.simulate import simulate_acceptance
+from training.eval.simulate import AcceptanceStats
 from training.storage.format import HiddenStateSample
 
 STEPS = 3

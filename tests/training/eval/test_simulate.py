@@ -11,14 +11,13 @@ from tests.conftest import toy_corpus
 from training.eagle3.model import Eagle3Draft
 from training.eval.decode import greedy_decode, speculative_decode
 from training.eval.prompts import render_prompt
-from training.eval.proposers import DraftProposer
+from training.eagle3.proposer import DraftProposer
+from training.eagle3.simulate import simulate_acceptance, simulated_eval
 from training.eval.simulate import (
     AcceptanceStats,
     DraftTree,
     TreeBuilder,
     answer_spans,
-    simulate_acceptance,
-    simulated_eval,
     walk_cycles,
 )
 from training.storage.format import HiddenStateSample

@@ -181,10 +181,10 @@ def test_save_checkpoint_refuses_non_finite_weights_unless_its_caller_checked_th
     with torch.no_grad():
         draft.fc.weight[0, 0] = float("nan")
     with pytest.raises(DivergedError, match=r"hold NaN/inf \(fc.weight\) at step 1"):
-        save_checkpoint(tmp_path, draft, {"step": 1}, None)
+        save_checkpoint(tmp_path, draft.trainable_state_dict(), {"step": 1}, None)
     assert latest_checkpoint(tmp_path) is None and not (tmp_path / "checkpoints").exists()
     # the trainer checks the weights itself right before saving, and asks for no second check
-    assert save_checkpoint(tmp_path, draft, {"step": 1}, None, check_finite=False).name == "step-0000001"
+    assert save_checkpoint(tmp_path, draft.trainable_state_dict(), {"step": 1}, None, check_finite=False).name == "step-0000001"
 
 
 @pytest.mark.skipif(not _small_disk_works(), reason="needs unshare -rm and tmpfs mounts")
@@ -195,7 +195,7 @@ def test_a_checkpoint_cut_short_by_a_full_disk_is_named(tmp_path: Path) -> None:
               "from training.eagle3.model import DraftConfig, Eagle3Draft\n"
               "cfg = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,"
               " vocab_size=512, draft_vocab_size=512)\n"
-              "save_checkpoint(Path(sys.argv[1]), Eagle3Draft(cfg), {'step': 1}, None)\n")
+              "save_checkpoint(Path(sys.argv[1]), Eagle3Draft(cfg).trainable_state_dict(), {'step': 1}, None)\n")
     disk = tmp_path / "disk"
     disk.mkdir()
     shell = 'mount -t tmpfs -o size=256k tmpfs "$1" || exit 99; shift; "$@"; echo "rc=$?"; ls -A "$1"/checkpoints'

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from training.eagle3 import config_check
 from training.errors import ModelMismatchError
+from training.io.export_folder import provenance
 
 if TYPE_CHECKING:  # torch loads only where weights are touched: `curator doctor`'s usage error stays fast
     import torch
@@ -32,15 +33,6 @@ INTERNAL_PREFIX = "midlayer."
 # config.json loads no torch)
 VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
 PLAIN = dict.fromkeys(VARIANT_KEYS, False)
-
-
-PROVENANCE_KEY = "curator"  # the toolkit's record in an exported config: how the draft was trained
-
-
-def provenance(config: dict[str, Any]) -> dict[str, Any]:
-    """Return the toolkit's record in an exported config; {} for a draft from elsewhere (or a record that is not an object)."""
-    block = config.get(PROVENANCE_KEY)
-    return block if isinstance(block, dict) else {}
 
 
 def flag(value: Any) -> bool:

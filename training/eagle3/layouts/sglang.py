@@ -20,7 +20,8 @@ from typing import Any
 
 from training.errors import ModelMismatchError
 from training.target.layers import sglang_captured, sglang_config_ids, sglang_rule, vllm_captured
-from training.eagle3.layouts.base import PROVENANCE_KEY, ExportSource, Layout, flag, llama_fields
+from training.eagle3.layouts.base import ExportSource, Layout, flag, llama_fields
+from training.io.export_folder import PROVENANCE_KEY
 from training.target.sglang_rules import SGLANG_VERSION
 
 

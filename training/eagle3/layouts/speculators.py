@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from training.target.layers import vllm_captured
-from training.eagle3.layouts.base import PROVENANCE_KEY, VARIANT_KEYS, ExportSource, Layout, flag, llama_fields, provenance
+from training.eagle3.layouts.base import VARIANT_KEYS, ExportSource, Layout, flag, llama_fields
+from training.io.export_folder import PROVENANCE_KEY, provenance
 
 
 class SpeculatorsLayout(Layout):

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from training.eagle3.model import VARIANT_KEYS, DraftConfig, Eagle3Draft
-from training.eagle3.vocab import DraftVocab
+from training.target.draft_vocab import DraftVocab
 from training.errors import ModelMismatchError, TrainingError
 
 
