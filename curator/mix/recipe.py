@@ -23,15 +23,15 @@ from pydantic import (
 )
 
 from curator.errors import ConfigError
-from curator.rows.formats import ALIASES, NORMALISERS
+from curator.rows.formats.table import format_names
 from curator.traffic.schema import CATEGORIES, serves
 from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
 
 TRAFFIC_FORMAT = "traffic"
-TAP_FORMAT = "tap"  # `curator tap` logs: requests with the target's own answers (curator/mix/tap_source.py)
-# Built from the normalisers themselves, so that every format docs/generation.md documents is one
-# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py), and the tap's records.
-FORMAT_NAMES = ("auto", *sorted({*NORMALISERS, *ALIASES, TAP_FORMAT}))
+TAP_FORMAT = "tap"  # `curator tap` logs: requests with the target's own answers (curator/rows/formats/tap.py)
+# Built from the format table (curator/rows/formats/table.py), so that every format docs/generation.md documents is one
+# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py; `tap`: the tap's records).
+FORMAT_NAMES = ("auto", *format_names())
 FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
 REMOVED_KEYS = {
     "allow_outside_paths": "a recipe cannot widen what it may read: the person running the build decides, "
