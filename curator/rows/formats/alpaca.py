@@ -1,5 +1,4 @@
-"""Alpaca rows: `instruction`, an optional `input`, and `output`.
-"""
+"""Alpaca rows: `instruction`, an optional `input`, and `output`."""
 
 from __future__ import annotations
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from curator.rows.formats import fields
 from curator.rows.formats.conversation import Conversation, MalformedRow, Turn
-from curator.rows.formats.tools import calls_of, offered_tools, pair_tool_turns, tool_schema, json_values
+from curator.rows.formats.tools import calls_of, offered_tools, json_values, pair_tool_turns, tool_schema
 
 
 def chat_turns(items: Any, key: str, tools: Any = None) -> Conversation:

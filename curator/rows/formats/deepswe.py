@@ -1,5 +1,4 @@
-"""DeepSWE/R2E-style trajectories: `messages` whose actions are `<function=...>` blocks.
-"""
+"""DeepSWE/R2E-style trajectories: `messages` whose actions are `<function=...>` blocks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""OpenAI-style rows (`messages` of {role, content}, with tool_calls, tool_call_id and `tools`).
-"""
+"""OpenAI-style rows (`messages` of {role, content}, with tool_calls, tool_call_id and `tools`)."""
 
 from __future__ import annotations
 

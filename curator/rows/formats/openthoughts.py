@@ -1,5 +1,4 @@
-"""OpenThoughts rows: a `system` prompt beside ShareGPT `conversations`.
-"""
+"""OpenThoughts rows: a `system` prompt beside ShareGPT `conversations`."""
 
 from __future__ import annotations
 

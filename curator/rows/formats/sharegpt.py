@@ -1,5 +1,4 @@
-"""ShareGPT rows (`conversations` of {from, value}), and Hermes function calling in the same shape.
-"""
+"""ShareGPT rows (`conversations` of {from, value}), and Hermes function calling in the same shape."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""SWE-agent trajectories (`trajectory` of {role, text}).
-"""
+"""SWE-agent trajectories (`trajectory` of {role, text})."""
 
 from __future__ import annotations
 

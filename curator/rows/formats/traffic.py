@@ -1,5 +1,4 @@
-"""Request logs (`format: traffic`): each request as an OpenAI-compatible server or a gateway logs it.
-"""
+"""Request logs (`format: traffic`): each request as an OpenAI-compatible server or a gateway logs it."""
 
 from __future__ import annotations
 

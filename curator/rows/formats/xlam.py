@@ -1,5 +1,4 @@
-"""xlam/APIGen rows: a `query`, the JSON `tools` offered, and the `answers` as tool calls.
-"""
+"""xlam/APIGen rows: a `query`, the JSON `tools` offered, and the `answers` as tool calls."""
 
 from __future__ import annotations
 
