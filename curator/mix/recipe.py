@@ -10,7 +10,6 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -25,7 +24,7 @@ from pydantic import (
 from curator.errors import ConfigError
 from curator.rows.formats.table import format_names
 from curator.traffic.schema import CATEGORIES, serves
-from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
+from training.io.config_file import read_config
 
 TRAFFIC_FORMAT = "traffic"
 TAP_FORMAT = "tap"  # `curator tap` logs: requests with the target's own answers (curator/rows/formats/tap.py)
@@ -344,14 +343,5 @@ def _choices(annotation: Any) -> list[str]:
 def load_recipe(path: str | Path) -> Recipe:
     """Return the recipe in a YAML file; relative source paths resolve against its folder."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not text (not UTF-8): a recipe is a YAML file") from None
-    try:
-        data = safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {error_text(exc)}") from None
+    data = read_config(path, "recipe", "yaml")  # a recipe is YAML whatever its suffix
     return recipe_from_dict(data, str(path)).with_base_dir(path.resolve().parent, from_file=True)
