@@ -77,14 +77,14 @@ def capture_op(backend: str) -> Callable[[CaptureJob], ExtractStats] | None:
 def _check(s: CaptureSettings) -> Path:
     if s.dtype not in DTYPES:
         raise ConfigError(f"--dtype must be bf16 or fp8, not {s.dtype!r}")
-    engine = capture_op(s.backend)
+    by_engine = capture_op(s.backend) is not None
     if s.local is None:
-        if engine is not None:  # the server holds the weights; the config and tokenizer are read here
+        if by_engine:  # the server holds the weights; the config and tokenizer are read here
             raise ConfigError(f"{s.model} is not a local directory: pass --target-dir with the target's config "
                               "and tokenizer")
         raise ConfigError(f"--model {s.model}: no such folder (the transformers backend loads the target from its "
                           "local folder: config.json, weights and tokenizer)")
-    if engine is not None and (s.concurrency < 1 or s.retries < 0):
+    if by_engine and (s.concurrency < 1 or s.retries < 0):
         raise ConfigError("--concurrency must be at least 1 and --retries at least 0")
     if s.path_map is not None and "=" not in s.path_map:
         raise ConfigError("--path-map takes ENGINE_DIR=LOCAL_DIR")
