@@ -3,7 +3,7 @@
 `conversation.py` holds the types every format returns (Turn, Conversation, MalformedRow) and the
 turn policy; `fields.py`, `tools.py` and `chat.py` what several formats read the same way (fields
 and roles, structured tools, chat turns). Adding a format: one module that calls `register`, and
-its name below (docs/architecture.md, "where to add X").
+its name below (docs/mix.md, "Formats").
 """
 
 from curator.rows.formats import (
