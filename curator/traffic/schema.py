@@ -107,7 +107,7 @@ def _looks_like_log(text: str) -> bool:
     first = text.lstrip().split("\n", 1)[0]
     try:
         line = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a first line nested too deeply is no request either
         return False
     return isinstance(line, dict) and bool(_LOG_KEYS & set(line))
 
