@@ -101,8 +101,8 @@ def main() -> int:
     import torch
 
     from curator.cli import main as curator
-    from curator.engine_feed import capture_factory
-    from curator.hidden_vllm import server_command
+    from curator.hidden.engine_feed import capture_factory
+    from curator.engines.vllm_capture import server_command
     from tests.conftest import toy_corpus
     from tests.training.capture.test_hidden_states import conversation, write_gen
     from training.storage.reader import HiddenStateStore

@@ -4,7 +4,7 @@ may go, and how an error body is cleaned of secrets before anyone stores it.
 
 Every client of the data side uses it: the agents' model clients (`curator/llm.py`, the
 Anthropic SDK and OpenAI-compatible servers), generation (`curator/generate/client.py`), the
-vLLM hidden-state client (`curator/hidden_vllm.py`) and the Hub client (`curator/hub.py`).
+vLLM hidden-state client (`curator/engines/vllm_capture.py`) and the Hub client (`curator/hub.py`).
 docs/http.md states the contract.
 """
 

@@ -34,8 +34,8 @@ FLOORS: list[tuple[str, ...]] = [
      "curator.signals"),
     ("curator.wheels",),  # pinned files from the package registry: below the packages that read them
     ("curator.rows", "curator.llm", "curator.hub", "curator.catalog", "curator.engines", "curator.targets"),
-    ("curator.sql", "curator.traffic", "curator.generate", "curator.doctor", "curator.hidden_vllm", "curator.train_progress"),
-    ("curator.mix", "curator.capture", "curator.forecast", "curator.engine_feed", "curator.feed_plan_view", "curator.tap"),
+    ("curator.sql", "curator.traffic", "curator.generate", "curator.doctor", "curator.hidden", "curator.train_progress"),
+    ("curator.mix", "curator.forecast", "curator.tap"),
     ("curator.scout", "curator.serve_bench"),
     ("curator.evaluation", "curator.stages"),
     ("curator.demo",),
@@ -85,13 +85,13 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 
 def test_the_floor_rule_notices_an_import_up_a_floor_and_a_circle() -> None:
     up = Edge("curator.rows.schema", "curator.mix.build", "x.py:1", ("build_mix",))
-    side = Edge("curator.mix.build", "curator.capture", "y.py:2", ())
+    side = Edge("curator.mix.build", "curator.forecast", "y.py:2", ())
     down = Edge("curator.mix.build", "curator.rows.schema", "z.py:3", ())
     rows, mix = FLOOR["curator.rows"], FLOOR["curator.mix"]
-    assert FLOOR["curator.capture"] == mix > rows
+    assert FLOOR["curator.forecast"] == mix > rows
     assert floor_violations([up, side, down]) == [
         f"x.py:1: curator.rows (floor {rows}) imports curator.mix (floor {mix})",
-        f"y.py:2: curator.mix (floor {mix}) imports curator.capture (floor {mix})"]
+        f"y.py:2: curator.mix (floor {mix}) imports curator.forecast (floor {mix})"]
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 

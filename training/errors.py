@@ -20,3 +20,13 @@ class StoreIntegrityError(StoreError):
 
 class DivergedError(TrainingError):
     """Training produced a non-finite loss or non-finite weights; nothing after it was saved."""
+
+
+class ConfigFileError(TrainingError):
+    """A file a user hands in (a recipe, a run config, a traffic profile, a brief, a model's config.json)
+    cannot be read: missing, unreadable, not UTF-8 text, or not valid JSON or YAML. The message names the
+    file and why; `reason` says which ("missing", "unreadable", "not text", "syntax")."""
+
+    def __init__(self, message: str, reason: str = "syntax") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -47,6 +47,7 @@ import torch  # noqa: E402
 
 from training.io.atomic import write_text  # noqa: E402
 from training.records.gen_record import RECORD_FORMAT  # noqa: E402
+from training.records.gen_shards import shard_name, shard_paths  # noqa: E402
 
 ARMS = ("sharegpt-only", "hand", "matched")
 FRACTIONS = (0.125, 0.25, 0.5)  # the forecast's small drafts: nested subsets of the matched 2K mix
@@ -152,7 +153,7 @@ def answers(gen_dir: Path, want: set[str] | None = None) -> dict[str, dict[str, 
     line cut by a killed call is skipped and answered again)."""
     from training.records.chat_tokens import iter_generation
 
-    if not any(gen_dir.glob("shard-*.jsonl")):
+    if not shard_paths(gen_dir):
         return {}
     return {rec["id"]: rec for rec in iter_generation(gen_dir) if want is None or rec["id"] in want}
 
@@ -195,7 +196,7 @@ def stage_b(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str,
         # priority chunks (held-out first), each sorted by length inside so a batch pads little
         chunk = args.gen_batch * 8
         t_step = None
-        shard = len(list(gen_dirs["pool"].glob("shard-*.jsonl"))) + len(list(gen_dirs["heldout"].glob("shard-*.jsonl")))
+        shard = len(shard_paths(gen_dirs["pool"])) + len(shard_paths(gen_dirs["heldout"]))
         for c0 in range(0, len(encoded), chunk):
             part = sorted(encoded[c0: c0 + chunk], key=lambda e: len(e[1]))
             for b0 in range(0, len(part), args.gen_batch):
@@ -232,7 +233,7 @@ def stage_b(args: argparse.Namespace, res: Results, prompts: dict[str, dict[str,
                     lines["heldout" if sid in held else "pool"].append(json.dumps(rec, ensure_ascii=False) + "\n")
                 for name, ls in lines.items():
                     if ls:
-                        write_text(gen_dirs[name] / f"shard-{shard:05d}.jsonl", "".join(ls))
+                        write_text(gen_dirs[name] / shard_name(shard), "".join(ls))
                         shard += 1
                 dt = time.perf_counter() - t0
                 t_step = max(dt, t_step or 0.0)
@@ -290,7 +291,7 @@ def train_job(tag: str, ids: list[str], seed: int) -> dict[str, Any]:
     view = w / "views" / tag
     view.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(rec, ensure_ascii=False) + "\n" for rec in answers(w / "gen-pool", set(ids)).values()]
-    write_text(view / "shard-00000.jsonl", "".join(lines))
+    write_text(view / shard_name(0), "".join(lines))
     batch = min(c["batch"], len(lines))
     per_epoch = max(1, len(lines) // batch)
     cfg = TrainConfig(data=str(view), online=True, eval_data=str(w / "states-heldout"), target=str(w / "target"),

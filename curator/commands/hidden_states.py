@@ -100,7 +100,7 @@ def plan(
     if data is not None:
         generation_files(data)
         read = GenerationReadStats()
-        from curator.capture import load_tokenizer
+        from curator.hidden.capture import load_tokenizer
 
         tokenizer = load_tokenizer(Path(model))
         with console.status("measuring sample lengths"):
@@ -112,7 +112,7 @@ def plan(
     )
     feeds = None
     if epochs > 1 or cache_budget or capture_rate:
-        from curator.feed_plan_view import feed_choices
+        from curator.hidden.feed_plan_view import feed_choices
 
         feeds = feed_choices(result, epochs=epochs, cache_budget=cache_budget, capture_rate=capture_rate,
                              servers=servers, prefetch_samples=prefetch_samples)
@@ -133,7 +133,7 @@ def plan(
         )
     )
     if feeds is not None:
-        from curator.feed_plan_view import feed_table
+        from curator.hidden.feed_plan_view import feed_table
 
         stdout.print(feed_table(feeds, capture_rate, servers))
 
@@ -182,7 +182,7 @@ def hidden_states(
     print_server_command: bool = typer.Option(False, "--print-server-command", help="Print the `vllm serve` command for this target and exit."),
 ) -> None:
     """Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store."""
-    from curator.capture import CaptureSettings, capture_hidden_states
+    from curator.hidden.capture import CaptureSettings, capture_hidden_states
     from training.records.chat_tokens import GenerationReadStats
 
     layer_ids = parse_layers(layers)
@@ -217,7 +217,7 @@ def _print_server_command(
     model: str, local: Optional[Path], layer_ids: Optional[list[int]], has_final: bool, shared_dir: str,
     port: int, tensor_parallel: Optional[int],
 ) -> None:
-    from curator.hidden_vllm import layer_explanation, server_command
+    from curator.engines.vllm_capture import layer_explanation, server_command
     from training.target.layers import check_layer_ids, default_aux_layers
     from training.capture.plan import load_shape
     from training.storage.format import StoreMeta

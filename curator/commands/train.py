@@ -44,7 +44,7 @@ def train(
     bar, show = training_progress()
     factory = None
     if cfg.engine:  # engine-fed: the trainer draws states through curator's vLLM client
-        from curator.engine_feed import capture_factory
+        from curator.hidden.engine_feed import capture_factory
 
         factory = capture_factory(cfg)
     with bar if is_main else nullcontext():

@@ -450,7 +450,7 @@ class Demo:
                 "--out", str(self.w / "states")]
 
         def fn() -> dict[str, Any]:
-            from curator.capture import CaptureSettings, capture_hidden_states
+            from curator.hidden.capture import CaptureSettings, capture_hidden_states
             from training.storage.reader import HiddenStateStore
 
             capture_hidden_states(CaptureSettings(model=str(self.w / "target"), data=self.w / "gen",

@@ -247,7 +247,8 @@ def write_real_traffic(path: Path, sets: list[PromptSet], search: list[Path], ma
     fewer than asked."""
     import json
 
-    from curator.rows.formats import NORMALISERS, MalformedRow
+    from curator.rows.formats.conversation import MalformedRow
+    from curator.rows.formats.table import FORMATS
     from curator.rows.packages import member_path, package_root
     from curator.rows.readers import local_files, reader_for
 
@@ -267,7 +268,7 @@ def write_real_traffic(path: Path, sets: list[PromptSet], search: list[Path], ma
                 if not isinstance(row, dict):
                     continue  # a broken row (build-mix counts it)
                 try:
-                    conversation = NORMALISERS[p.format](row)
+                    conversation = FORMATS[p.format].normalise(row)
                 except (MalformedRow, KeyError, TypeError, ValueError):
                     continue  # build-mix counts these; the traffic only needs usable prompts
                 text = first_user_turn(conversation)

@@ -7,7 +7,8 @@ when it defines every name below (mypy checks the registration in ENGINES agains
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +18,29 @@ if TYPE_CHECKING:
     from curator.engines.launch import Check, LaunchSpec
     from curator.engines.sampling import SamplingParams
     from curator.engines.spec_counters import SpecCounters
+    from training.capture.stats import ExtractStats
+    from training.storage.format import StoreMeta
+
+
+@dataclass
+class CaptureJob:
+    """One hidden-state capture handed to an engine: the records to capture, the store they go to, and
+    how to reach the servers (`curator hidden-states --backend ENGINE`, curator/hidden/capture.py)."""
+
+    model: str  # the served model name
+    local: Path  # the target's local folder: config, tokenizer, final norm weights
+    records: Iterable[dict[str, Any]]  # generation records, each captured unless the store holds it
+    out: Path  # the store
+    meta: StoreMeta  # what the store keeps (its layers, dtype, final state)
+    tokenizer: Any  # the target's, to tokenise each record as the transformers backend does
+    endpoints: list[str]
+    concurrency: int  # requests in flight per endpoint
+    retries: int
+    shared_dir: str  # the folder the engine writes its files into, as it names it
+    path_map: tuple[str, str] | None  # (engine dir, local dir) when that folder is mounted elsewhere here
+    max_len: int | None  # each sample clipped to this many tokens
+    positions: int | None  # the target's context: a longer sample is skipped as too long
+    on_sample: Callable[[int], None]  # told each stored batch's sample count
 
 
 class Engine(Protocol):
@@ -56,3 +80,7 @@ class Engine(Protocol):
                       temperature: float) -> tuple[str, dict[str, Any]]: ...
     def streamed_output(self, event: dict[str, Any]) -> bool: ...
     def bench_counts(self, last: dict[str, Any], usage: dict[str, Any], where: str) -> tuple[int, int | None]: ...
+
+    # ---- hidden-state capture (`curator hidden-states --backend NAME`); None: the engine captures none
+    @property
+    def capture(self) -> Callable[[CaptureJob], ExtractStats] | None: ...

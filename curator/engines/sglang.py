@@ -32,6 +32,7 @@ LABEL = "SGLang"
 GENERATE_PATH = "/generate"
 BENCH_TAKES_TOKEN_IDS = True  # bench-serve sends rendered ids to /generate
 spec_counters = None  # no acceptance on /metrics: each answer carries its own verify count (bench_counts)
+capture = None  # no hidden-state capture through SGLang here (transformers or vLLM capture the states)
 NEEDS_SERVED_MODEL_NAME = False
 
 FLAGS = {

@@ -19,7 +19,7 @@
   `vllm serve` with `--speculative-config {"method": "extract_hidden_states", ...}` and
   `--kv-transfer-config` naming the shared folder; one `POST /v1/completions` per sample (token-id
   prompt, max_tokens 1, return_token_ids) whose answer names the file in
-  `kv_transfer_params.hidden_states_path` (curator/hidden_vllm.py reads and removes it).
+  `kv_transfer_params.hidden_states_path` (curator/engines/vllm_capture.py sends it, reads and removes the file).
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from curator.errors import EndpointError
 from training.io.jsonfile import parse_json
 
 if TYPE_CHECKING:
+    from curator.engines.base import CaptureJob
     from curator.engines.draft import DraftLayout
     from curator.engines.sampling import SamplingParams
+    from training.capture.stats import ExtractStats
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -285,47 +287,16 @@ def parse_token_answer(payload: Any, prompt_ids: Sequence[int], endpoint: str) -
 # ---------------------------------------------------------------- hidden-state capture
 
 
-CAPTURE_PATH = "/v1/completions"
 # The shared folder (shared_storage_path) when none is given: `curator hidden-states --shared-dir`.
 CAPTURE_SHARED_DIR = "/tmp/curator-hidden-states"
 
 
-def capture_server_command(model: str, layer_ids: Sequence[int], shared_dir: str, *, port: int = 8000,
-                           tensor_parallel: int | None = None) -> str:
-    """Return the `vllm serve` command that writes the states of layers `layer_ids` of each prompt into `shared_dir`."""
-    spec = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
-    }
-    kv = {
-        "kv_connector": "ExampleHiddenStatesConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": shared_dir},
-    }
-    parts = ["vllm", "serve", model, "--port", str(port)]
-    if tensor_parallel:
-        parts += ["--tensor-parallel-size", str(tensor_parallel)]
-    parts += [
-        "--no-enable-chunked-prefill",  # each prompt must be captured in one prefill
-        "--speculative-config", json.dumps(spec, separators=(",", ":")),
-        "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
-    ]
-    return " ".join(shlex.quote(p) for p in parts)
+def capture(job: CaptureJob) -> ExtractStats:
+    """Capture a generation output's hidden states through vLLM servers running `extract_hidden_states`
+    into the store `job.out`; return the counts (the client: curator/engines/vllm_capture.py)."""
+    from curator.engines.vllm_capture import capture_store  # torch and safetensors: only a capture pays for them
 
-
-def capture_request(prompt_ids: Sequence[int], model: str) -> dict[str, Any]:
-    """Return the body of the one-token request whose prefill the engine captures."""
-    return {"model": model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
-
-
-def capture_answer(data: dict[str, Any]) -> tuple[list[int] | None, str | None]:
-    """Return (the prompt ids the engine echoes, the hidden-states file it names) from a capture answer."""
-    choice = (data.get("choices") or [{}])[0]
-    echoed = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
-    params = data.get("kv_transfer_params") or choice.get("kv_transfer_params") or {}
-    path = params.get("hidden_states_path") if isinstance(params, dict) else None
-    return (list(echoed) if echoed is not None else None), (str(path) if path else None)
+    return capture_store(job)
 
 
 # ---------------------------------------------------------------- bench-serve

@@ -41,11 +41,11 @@ from curator.generate.shards import (
     UnstorableRecord,
     remove_stale_temporaries,
     scan_shards,
-    shard_paths,
     write_json_atomic,
 )
 from curator.rows.schema import BadRow, Mix, MixRow, first_context, open_mix
 from curator.signals import kill_after_sigterm
+from training.records.gen_shards import shard_paths
 
 Backend = OpenAIBackend | TransformersBackend
 

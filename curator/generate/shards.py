@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,8 +31,8 @@ from training.io import atomic
 from training.io.diskspace import named_disk_full
 from training.io.outlock import OutputBusyError
 from training.io.outlock import OutputLock as _Lock
+from training.records.gen_shards import shard_index, record_lines, shard_name, shard_paths
 
-SHARD_RE = re.compile(r"^shard-(\d{5,})\.jsonl$")
 ERRORS_FILE = "errors.jsonl"
 META_FILE = "generation.json"
 LOCK_FILE = ".generate.lock"
@@ -67,15 +66,6 @@ def _error_lines(records: Iterable[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in records).encode("ascii")
 
 
-def shard_paths(out_dir: str | Path) -> list[Path]:
-    """Return the finished shards of `out_dir` in index order."""
-    root = Path(out_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := SHARD_RE.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
 @dataclass
 class ShardScan:
     """What the finished shards hold."""
@@ -91,9 +81,12 @@ def scan_shards(out_dir: str | Path) -> ShardScan:
     """Return the ids already generated in `out_dir` (and counts of anything odd in the shards)."""
     scan = ShardScan()
     for path in shard_paths(out_dir):
-        if match := SHARD_RE.match(path.name):  # always: shard_paths lists matching names only
-            scan.next_index = max(scan.next_index, int(match.group(1)) + 1)
-        for record in _read_jsonl(path, scan):
+        if (index := shard_index(path.name)) is not None:  # always: shard_paths lists shards only
+            scan.next_index = max(scan.next_index, index + 1)
+        for record in record_lines(path):
+            if record is None:
+                scan.malformed_lines += 1
+                continue
             row_id = record.get("id")
             if not isinstance(row_id, str):
                 scan.malformed_lines += 1
@@ -103,24 +96,6 @@ def scan_shards(out_dir: str | Path) -> ShardScan:
             scan.done_ids.add(row_id)
             scan.records += 1
     return scan
-
-
-def _read_jsonl(path: Path, scan: ShardScan) -> Iterator[dict[str, Any]]:
-    # Read as bytes, decoded line by line: a byte that is not UTF-8 (a disk error, a hand edit) is one
-    # malformed line, counted, not a UnicodeDecodeError that stops the whole read.
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-                scan.malformed_lines += 1
-                continue
-            if isinstance(record, dict):
-                yield record
-            else:
-                scan.malformed_lines += 1
 
 
 def remove_stale_temporaries(out_dir: Path) -> int:
@@ -168,7 +143,7 @@ class ShardWriter:
         """Write the buffered records as one new shard (nothing when the buffer is empty)."""
         if not self._buffer:
             return
-        path = self.out_dir / f"shard-{self.next_index:05d}.jsonl"
+        path = self.out_dir / shard_name(self.next_index)
         write_atomic(path, b"".join(self._buffer))
         self.next_index += 1
         self.shards_written += 1
@@ -197,13 +172,13 @@ class ErrorLog:
         """Read the file (the last line per id wins; torn lines are counted); return the records."""
         self.records = {}
         if self.path.exists():
-            scan = ShardScan()
-            for record in _read_jsonl(self.path, scan):
-                if isinstance(record.get("id"), str):
+            malformed = 0
+            for record in record_lines(self.path):
+                if record is not None and isinstance(record.get("id"), str):
                     self.records[record["id"]] = record
                 else:
-                    scan.malformed_lines += 1
-            self.malformed_lines = scan.malformed_lines
+                    malformed += 1
+            self.malformed_lines = malformed
         return self.records
 
     def compact(self, done_ids: set[str]) -> None:

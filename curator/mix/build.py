@@ -24,7 +24,10 @@ from curator.errors import ConfigError
 from curator.mix import filters, publish
 from curator.mix.decontam import DEFAULT_NEAR, HELDOUT_OWNER, Decontaminator, dedup_text, row_texts
 from curator.mix.dedup import Deduper
-from curator.rows.formats import NORMALISERS, MalformedRow, default_turns, resolve_format, source_id, to_prompt
+from curator.rows.formats.conversation import MalformedRow, SkippedRow, to_prompt
+from curator.rows.formats.fields import source_id
+from curator.rows.formats.table import FORMATS, Normaliser, default_turns, resolve_format
+from curator.rows.formats.tap import request_part
 from curator.mix.match import (
     SELECTION,
     UNIFORM,
@@ -41,7 +44,6 @@ from curator.mix.recipe import Recipe, SourceSpec, recipe_from_dict
 from curator.mix.sample import row_key, walk
 from curator.rows.schema import COLUMNS, MANIFEST_VERSION, MixWriter
 from curator.mix.survey import MAX_REASONS, UNUSABLE, Examined, Survey, classify_prompt, importance_keys, survey
-from curator.mix.tap_source import Skipped, normaliser, request_part
 from curator.traffic.schema import Profile, load_profile
 from training.io.diskspace import named_disk_full
 from training.io.text import is_valid_unicode
@@ -165,14 +167,14 @@ class MixProgress(Protocol):
 
 
 def _turns(spec: SourceSpec, fmt: str) -> str:
-    """Return a source's turn policy: the recipe's, else its format's (a tap log is served traffic: 'last')."""
-    return spec.turns or ("last" if spec.is_tap else default_turns(fmt))
+    """Return a source's turn policy: the recipe's, else its format's."""
+    return spec.turns or default_turns(fmt)
 
 
 def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int | None) -> Callable[..., Examined]:
     """Return examine(index, row, light=False): the row normalised and checked. A light look (the
     survey's) only normalises: a row it passes that a full look drops is dropped when walked."""
-    normalise = normaliser(spec.keeps_responses) if spec.is_tap else None
+    normalise: Normaliser | None = None
 
     def examine(index: int, row: Row, light: bool = False) -> Examined:
         nonlocal normalise
@@ -181,12 +183,12 @@ def _examiner(spec: SourceSpec, report: SourceReport, where: str, max_chars: int
         if normalise is None:
             report.format = resolve_format(spec.format, row.keys(), where)
             report.turns = _turns(spec, report.format)
-            normalise = NORMALISERS[report.format]
+            normalise = FORMATS[report.format].normaliser(spec.keeps_responses)
         try:
             prompt = to_prompt(normalise(row), report.turns, spec.keeps_responses)
         except MalformedRow as exc:
             return Examined(None, "malformed", str(exc))
-        except Skipped as exc:  # a tap record that is no whole chat exchange
+        except SkippedRow as exc:  # a tap record that is no whole chat exchange
             return Examined(None, "filtered", str(exc))
         if light:
             return Examined(prompt)

@@ -17,7 +17,8 @@ from typing import Any
 
 from curator.errors import ConfigError
 from curator.mix.dedup import Deduper, Match, Prepared
-from curator.rows.formats import NORMALISERS, Conversation, MalformedRow, resolve_format
+from curator.rows.formats.conversation import Conversation, MalformedRow
+from curator.rows.formats.table import FORMATS, resolve_format
 from curator.rows.readers import BrokenRow, open_source
 from curator.mix.recipe import DecontamSpec
 
@@ -139,7 +140,7 @@ def _prompts(rows: Iterable[Any], spec: DecontamSpec, counts: dict[str, int]) ->
                 counts["malformed"] += 1
             continue
         if normalise is None:
-            normalise = NORMALISERS[resolve_format(spec.format, row.keys(), f"decontaminate {spec.label()!r}")]
+            normalise = FORMATS[resolve_format(spec.format, row.keys(), f"decontaminate {spec.label()!r}")].normalise
         try:
             conv = normalise(row)
         except MalformedRow:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from curator.rows.formats import Conversation
+from curator.rows.formats.conversation import Conversation
 from curator.rows.tokens import TokenCounter
 
 EMPTY = "empty_prompt"

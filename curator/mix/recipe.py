@@ -10,7 +10,6 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -23,15 +22,15 @@ from pydantic import (
 )
 
 from curator.errors import ConfigError
-from curator.rows.formats import ALIASES, NORMALISERS
+from curator.rows.formats.table import format_names
 from curator.traffic.schema import CATEGORIES, serves
-from training.io.safe_yaml import error_text, safe_load  # yaml.safe_load without aliases ("billion laughs")
+from training.io.config_file import read_config
 
 TRAFFIC_FORMAT = "traffic"
-TAP_FORMAT = "tap"  # `curator tap` logs: requests with the target's own answers (curator/mix/tap_source.py)
-# Built from the normalisers themselves, so that every format docs/generation.md documents is one
-# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py), and the tap's records.
-FORMAT_NAMES = ("auto", *sorted({*NORMALISERS, *ALIASES, TAP_FORMAT}))
+TAP_FORMAT = "tap"  # `curator tap` logs: requests with the target's own answers (curator/rows/formats/tap.py)
+# Built from the format table (curator/rows/formats/table.py), so that every format docs/generation.md documents is one
+# a recipe may name (`traffic`: request logs, see curator/traffic/schema.py; `tap`: the tap's records).
+FORMAT_NAMES = ("auto", *format_names())
 FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
 REMOVED_KEYS = {
     "allow_outside_paths": "a recipe cannot widen what it may read: the person running the build decides, "
@@ -344,14 +343,5 @@ def _choices(annotation: Any) -> list[str]:
 def load_recipe(path: str | Path) -> Recipe:
     """Return the recipe in a YAML file; relative source paths resolve against its folder."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not text (not UTF-8): a recipe is a YAML file") from None
-    try:
-        data = safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {error_text(exc)}") from None
+    data = read_config(path, "recipe", "yaml")  # a recipe is YAML whatever its suffix
     return recipe_from_dict(data, str(path)).with_base_dir(path.resolve().parent, from_file=True)

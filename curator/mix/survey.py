@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from curator.rows.formats import Conversation, as_messages
+from curator.rows.formats.conversation import Conversation, as_messages
 from curator.mix.match import FeatureStore, TrafficModel, match_texts, walk_keys
 from curator.mix.recipe import SourceSpec
 from curator.mix.sample import row_key
-from curator.mix.tap_source import request_part
+from curator.rows.formats.tap import request_part
 
 UNUSABLE = -1
 MAX_REASONS = 20  # distinct reasons a source's report keeps; the rest are counted under "other"

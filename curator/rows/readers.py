@@ -11,10 +11,12 @@ import fnmatch
 import gzip
 import json
 import os
+import pkgutil
 import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curator.errors import ConfigError, HubError
-from curator.rows import tooltalk
+from curator.rows.formats.table import local_rows
 
 
 class Location(Protocol):
@@ -286,16 +288,8 @@ def reader_for(path: Path) -> Callable[[Path], Iterator[Row]]:
 
 def _local_rows(files: list[Path]) -> Iterator[Row]:
     for f in files:
-        rows = reader_for(f)(f)
-        apis = tooltalk.apis_folder(f) if f.name.endswith(".json") else None
-        if apis is None:
-            yield from rows
-            continue
-        # ToolTalk's conversations name their tools; the schemas are the package's API classes.
-        found = tooltalk.load_apis(apis)
-        for row in rows:
-            yield (found.tools_for(row) if isinstance(row, dict) and "apis_used" in row and "conversation" in row
-                   and "tools" not in row else row)
+        # a format may complete a file's rows from the files beside it (ToolTalk's tools: its API classes)
+        yield from local_rows(f, reader_for(f)(f))
 
 
 def glob_files(pattern: str, base_dir: Path) -> list[Path]:
@@ -350,12 +344,15 @@ def _glob_walk(folder: Path, segments: tuple[str, ...], found: set[Path], seen: 
             found.add(Path(entry.path))
 
 
+@lru_cache(maxsize=1)
 def _packaged_builders() -> frozenset[str]:
+    """Return the builder names `datasets` packages: the list above and the library's own, read from the
+    modules of its public `datasets.packaged_modules` package (one module a builder)."""
     try:
-        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
-    except ImportError:  # pragma: no cover - datasets is a dependency; its private name may move
+        from datasets import packaged_modules
+    except ImportError:  # pragma: no cover - datasets is a dependency
         return PACKAGED_BUILDERS
-    return PACKAGED_BUILDERS | frozenset(_PACKAGED_DATASETS_MODULES)
+    return PACKAGED_BUILDERS | frozenset(m.name for m in pkgutil.iter_modules(packaged_modules.__path__) if m.ispkg)
 
 
 def is_hub_id(dataset: str) -> bool:

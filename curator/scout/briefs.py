@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from curator.errors import ConfigError
 from curator.traffic.schema import CATEGORIES
-from training.io.safe_yaml import safe_load  # yaml.safe_load without aliases ("billion laughs")
+from training.io.config_file import parse_config, read_text
 
 AGENTS_DIR_ENV = "CURATOR_AGENTS_DIR"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)(.*)\Z", re.S)
@@ -116,10 +115,7 @@ def parse_brief(text: str, path: Path | None = None) -> Brief:
     match = _FRONT_MATTER.match(text.lstrip("\ufeff"))
     if not match:
         raise ConfigError(f"{where}: a brief starts with YAML front matter between '---' lines")
-    try:
-        meta = safe_load(match.group(1))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: front matter is not valid YAML: {exc}") from exc
+    meta = parse_config(match.group(1), f"{where}: front matter", "yaml")
     if not isinstance(meta, dict):
         raise ConfigError(f"{where}: front matter must be a mapping of keys")
     try:
@@ -140,7 +136,7 @@ def load_briefs(directory: str | Path | None = None, limit: int | None = None) -
     root = Path(directory) if directory is not None else default_agents_dir()
     if not root.is_dir():
         raise ConfigError(f"briefs folder {root} does not exist; pass --agents-dir or set ${AGENTS_DIR_ENV}")
-    briefs = [parse_brief(p.read_text(encoding="utf-8"), p) for p in sorted(root.glob("*.md"))]
+    briefs = [parse_brief(read_text(p, "brief", "a Markdown file"), p) for p in sorted(root.glob("*.md"))]
     if not briefs:
         raise ConfigError(f"no briefs (*.md) in {root}")
     seen: dict[str, Path | None] = {}

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curator.rows.formats import NORMALISERS, MalformedRow, as_messages, detect_format
+from curator.rows.formats.conversation import MalformedRow, as_messages
+from curator.rows.formats.table import FORMATS, detect_format
 from curator.rows.readers import BrokenRow, local_files, reader_for
 from curator.rows.schema import MixRow, is_mix, open_mix
-from curator.rows.formats import unwrap_request
+from curator.rows.formats.traffic import unwrap_request
 from training.io.text import is_valid_unicode
 
 
@@ -46,7 +47,7 @@ def parse_request(record: Mapping[str, Any], where: str) -> TrafficRow | BrokenR
             return BrokenRow(f"no messages in the record ({where})")
         fmt, row = detected, request
     try:
-        conv = NORMALISERS[fmt](row)
+        conv = FORMATS[fmt].normalise(row)
     except MalformedRow as exc:
         return BrokenRow(f"{exc} ({where})")
     if not any(role == "user" for role, _ in conv):

@@ -17,6 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from curator.errors import ConfigError
+from training.errors import ConfigFileError
+from training.io.config_file import parse_config, read_text
 
 PROFILE_KIND = "curator-traffic-profile"
 PROFILE_VERSION = 1
@@ -105,36 +107,34 @@ def _looks_like_log(text: str) -> bool:
     first = text.lstrip().split("\n", 1)[0]
     try:
         line = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a first line nested too deeply is no request either
         return False
     return isinstance(line, dict) and bool(_LOG_KEYS & set(line))
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Return the profile in `path`; a missing, unreadable or malformed file is a ConfigError naming it."""
+    """Return the profile in `path`; a missing, unreadable or malformed file is a ConfigFileError naming it,
+    a profile that does not validate a ConfigError."""
     path = Path(path)
     log_hint = (f"{path}: this looks like a request log, not a traffic profile: make the profile with "
                 f"`curator profile --traffic {path} --out profile.json` and give profile.json")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such profile (make one with `curator profile --traffic FILE --out {path}`)") from None
-    except UnicodeDecodeError:
-        if path.suffix == ".parquet":  # a request log as parquet: the profile is JSON
-            raise ConfigError(log_hint) from None
-        raise ConfigError(f"{path}: cannot read the profile: not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
+        text = read_text(path, "profile", "a JSON file")
+    except ConfigFileError as exc:
+        if exc.reason == "missing":
+            raise ConfigFileError(f"{path}: no such profile (make one with `curator profile --traffic FILE --out {path}`)",
+                                  exc.reason) from None
+        if exc.reason == "not text" and path.suffix == ".parquet":  # a request log as parquet: the profile is JSON
+            raise ConfigFileError(log_hint, exc.reason) from None
+        raise
     try:
-        data = json.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{path}: cannot read the profile: nested too deeply") from None
-    except ValueError as exc:  # bad JSON, or an integer past 4,300 digits
+        data = parse_config(text, str(path), "json")
+    except ConfigFileError:
         if _looks_like_log(text):
-            raise ConfigError(log_hint) from None
-        raise ConfigError(f"{path}: cannot read the profile: {exc}") from None
+            raise ConfigFileError(log_hint) from None
+        raise
     if isinstance(data, dict) and "categories" not in data and _LOG_KEYS & set(data):
-        raise ConfigError(log_hint)  # a log of one line
+        raise ConfigFileError(log_hint)  # a log of one line
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:

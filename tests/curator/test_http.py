@@ -26,11 +26,11 @@ def test_permanent_statuses_are_not(status: int) -> None:
 
 def test_every_client_uses_the_one_status_set() -> None:
     import curator.generate.client as generate_client
-    import curator.hidden_vllm as hidden_vllm
+    import curator.engines.vllm_capture as vllm_capture
     import curator.hub as hub
     import curator.llm as llm
 
-    for module in (llm, generate_client, hidden_vllm, hub):
+    for module in (llm, generate_client, vllm_capture, hub):
         names = {n for n in vars(module) if "TRANSIENT" in n or "RETRYABLE" in n}
         assert not names, f"{module.__name__} keeps its own status set: {names}"
 

@@ -47,9 +47,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_engine_states_equal_the_transformers_capture(demo: Path, logs: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from curator.capture import CaptureSettings, capture_hidden_states
+    from curator.hidden.capture import CaptureSettings, capture_hidden_states
     from curator.cli import main
-    from curator.hidden_vllm import VllmExtractor, server_command
+    from curator.engines.vllm_capture import VllmExtractor, server_command
     from training.capture.forward import load_target
     from training.storage.reader import HiddenStateStore
 

@@ -205,9 +205,9 @@ def test_generate_ids_are_the_engines_own(target: VllmServer, generated: Path) -
 
 def test_engine_states_equal_the_transformers_capture(smollm2: Path, generated: Path, logs: Path, work: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from curator.capture import CaptureSettings, capture_hidden_states
+    from curator.hidden.capture import CaptureSettings, capture_hidden_states
     from curator.cli import main
-    from curator.hidden_vllm import VllmExtractor, server_command
+    from curator.engines.vllm_capture import VllmExtractor, server_command
     from training.capture.forward import load_target
     from training.storage.reader import HiddenStateStore
 
@@ -281,7 +281,7 @@ def test_engine_states_equal_the_transformers_capture(smollm2: Path, generated: 
 
 def test_exported_draft_engine_acceptance_equals_curator_eval(smollm2: Path, generated: Path, logs: Path,
                                                               work: Path) -> None:
-    from curator.capture import CaptureSettings, capture_hidden_states
+    from curator.hidden.capture import CaptureSettings, capture_hidden_states
     from curator.cli import main
     from curator.engines import vllm
     from curator.evaluation.measure import measure

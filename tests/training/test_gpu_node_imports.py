@@ -39,7 +39,7 @@ def _import_without_data_side(modules: list[str]) -> subprocess.CompletedProcess
 @pytest.mark.slow
 def test_gpu_stages_import_without_the_data_side_libraries() -> None:
     done = _import_without_data_side([
-        "curator.rows.schema", "curator.mix.prompts", "curator.generate", "curator.capture",
+        "curator.rows.schema", "curator.mix.prompts", "curator.generate", "curator.hidden.capture",
         "bench.reference.run", "training.train.trainer", "training.export.export", "training.eval.simulate",
     ])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

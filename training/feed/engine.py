@@ -5,7 +5,7 @@ a disk budget) is ever held.
 `EngineStates` is the read side of a store (meta, ids, length, category, tokens, load_many) over a
 generation output tokenised up front with the target's tokenizer, as `OnlineStates` is; the
 states of each sample come from a `Capture` (one or more engines behind one submit call; the
-vLLM client is curator.engine_feed, which training/ does not import: see docs/engine-fed.md).
+vLLM client is curator.hidden.engine_feed, which training/ does not import: see docs/engine-fed.md).
 
 The trainer tells the feed its own order (`start`: the rank's samples of each step from the
 resume step on, the same `epoch_batches` order a store-fed run reads), and the feed keeps the

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from training.errors import TrainingError
+from training.errors import ConfigFileError
 
 
-class JSONFileError(TrainingError):
+class JSONFileError(ConfigFileError):
     """A JSON file exists but cannot be read as JSON (the reason says why)."""
 
 

@@ -33,6 +33,7 @@ import torch
 
 from training.errors import TrainingError
 from training.records.gen_record import messages_problem, record_problem
+from training.records.gen_shards import SHARD_GLOB, record_lines, shard_paths
 
 class MalformedRecordError(TrainingError):
     """A generation-output record cannot be tokenised (missing fields, template refuses it)."""
@@ -265,9 +266,9 @@ def generation_files(gen_dir: str | Path) -> list[Path]:
     root = Path(gen_dir)
     if not root.is_dir():
         raise TrainingError(f"{root} is not a directory; pass the --out directory of `curator generate`")
-    files = sorted(root.glob("shard-*.jsonl"))
+    files = shard_paths(root)
     if not files:
-        raise TrainingError(f"{root} has no shard-*.jsonl files; is it the output of `curator generate`?")
+        raise TrainingError(f"{root} has no {SHARD_GLOB} files; is it the output of `curator generate`?")
     return files
 
 
@@ -276,19 +277,9 @@ def iter_generation(gen_dir: str | Path, stats: GenerationReadStats | None = Non
     stats = stats if stats is not None else GenerationReadStats()
     for path in generation_files(gen_dir):
         stats.files += 1
-        # Bytes decoded line by line: a line that is not UTF-8 is one malformed record, not a
-        # UnicodeDecodeError that ends plan or hidden-states.
-        with open(path, "rb") as f:
-            for raw in f:
-                if not raw.strip():
-                    continue
-                try:
-                    rec = json.loads(raw.decode("utf-8"))
-                except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: too deep
-                    stats.malformed += 1
-                    continue
-                if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("messages"), list):
-                    stats.malformed += 1
-                    continue
-                stats.records += 1
-                yield rec
+        for rec in record_lines(path):
+            if rec is None or not isinstance(rec.get("id"), str) or not isinstance(rec.get("messages"), list):
+                stats.malformed += 1
+                continue
+            stats.records += 1
+            yield rec

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.errors import TrainingError
+from training.errors import ConfigFileError, TrainingError
+from training.io.config_file import read_config
 
 # training/eagle3/model.py's VARIANT_KEYS, repeated: this module loads without torch (the CLI's usage errors)
 VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
@@ -164,32 +165,9 @@ def _excerpt(value: Any, limit: int = 80) -> str:
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Return the mapping in a JSON or YAML config file (YAML needs PyYAML)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TrainingError(f"cannot read config {p}: {exc}") from exc
-    except UnicodeDecodeError:
-        raise TrainingError(f"{p} is not text (not UTF-8): a config is a JSON or YAML file") from None
-    if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml  # optional: the GPU box may lack it; JSON always works
-
-            from training.io.safe_yaml import error_text, safe_load
-        except ImportError as exc:
-            raise TrainingError(f"{p} is YAML but PyYAML is not installed; install it or convert to JSON") from exc
-        try:
-            data = safe_load(text)  # no aliases: a 460-byte "billion laughs" file is refused, not expanded
-        except yaml.YAMLError as exc:
-            raise TrainingError(f"{p}: {error_text(exc)}") from None
-    else:
-        try:
-            data = json.loads(text)
-        except RecursionError:
-            raise TrainingError(f"{p} is nested too deeply to be a config") from None
-        except ValueError as exc:  # JSONDecodeError, and an integer of more than 4,300 digits
-            raise TrainingError(f"{p} is not valid JSON: {exc}") from None
+    data = read_config(p)  # YAML for .yaml and .yml (PyYAML may be missing on a GPU node), else JSON
     if not isinstance(data, dict):
-        raise TrainingError(f"{p} must hold a mapping of option: value")
+        raise ConfigFileError(f"{p} must hold a mapping of option: value")
     return data
 
 

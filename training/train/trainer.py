@@ -254,7 +254,7 @@ def open_states(cfg: TrainConfig, device: torch.device, dist_info: DistInfo,
         if capture_factory is None:
             raise TrainingError(
                 "engine-fed training (engine=...) draws states through curator's vLLM client "
-                "(curator.engine_feed); run it with `curator train` (also under torchrun), or capture a store "
+                "(curator.hidden.engine_feed); run it with `curator train` (also under torchrun), or capture a store "
                 "with `curator hidden-states --backend vllm` for `python -m training.trainer`")
         return EngineStates.open(
             cfg.target, cfg.data, capture_factory, run_dir=Path(cfg.out), rank=dist_info.rank,

@@ -7,16 +7,9 @@ import json
 import pytest
 
 from curator.errors import ConfigError
-from curator.rows.formats import (
-    NORMALISERS,
-    MalformedRow,
-    as_messages,
-    default_turns,
-    detect_format,
-    render_tool_calls,
-    resolve_format,
-    to_prompt,
-)
+from curator.rows.formats.conversation import MalformedRow, as_messages, to_prompt
+from curator.rows.formats.table import FORMATS, default_turns, detect_format, resolve_format
+from curator.rows.formats.tools import render_tool_calls
 
 # One row per format, shaped like the dataset's documented schema (docs/reference.md).
 SHAREGPT = {  # Aeala/ShareGPT_Vicuna_unfiltered
@@ -115,31 +108,31 @@ CASES = [
 @pytest.mark.parametrize(("row", "fmt"), CASES, ids=[f for _, f in CASES])
 def test_auto_detects_each_documented_schema(row, fmt):
     assert detect_format(row.keys()) == fmt
-    conv = NORMALISERS[fmt](row)
+    conv = FORMATS[fmt].normalise(row)
     assert conv and all(role in {"system", "user", "assistant", "tool"} for role, _ in conv)
     assert any(role == "user" for role, _ in conv)
 
 
 def test_sharegpt_maps_every_vendor_role():
-    conv = NORMALISERS["sharegpt"](SHAREGPT)
+    conv = FORMATS["sharegpt"].normalise(SHAREGPT)
     assert [r for r, _ in conv] == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "assistant"]
 
 
 def test_pairs_keep_prompt_and_answer_text():
-    assert NORMALISERS["input-output"](OPENCODEINSTRUCT) == [("user", "Write fib(n)."), ("assistant", "def fib(n): ...")]
-    assert NORMALISERS["query-answer"](CODEFEEDBACK)[0] == ("user", "Fix my SQL.")
-    assert NORMALISERS["alpaca"](ALPACA)[0] == ("user", "Translate to French.\n\nGood morning")
-    assert NORMALISERS["alpaca"]({"instruction": "Hi", "input": "", "output": "Yo"})[0] == ("user", "Hi")
+    assert FORMATS["input-output"].normalise(OPENCODEINSTRUCT) == [("user", "Write fib(n)."), ("assistant", "def fib(n): ...")]
+    assert FORMATS["query-answer"].normalise(CODEFEEDBACK)[0] == ("user", "Fix my SQL.")
+    assert FORMATS["alpaca"].normalise(ALPACA)[0] == ("user", "Translate to French.\n\nGood morning")
+    assert FORMATS["alpaca"].normalise({"instruction": "Hi", "input": "", "output": "Yo"})[0] == ("user", "Hi")
 
 
 def test_swe_agent_uses_system_prompt_and_maps_ai_to_assistant():
-    conv = NORMALISERS["swe-agent"](SWE_AGENT)
+    conv = FORMATS["swe-agent"].normalise(SWE_AGENT)
     assert conv[0] == ("system", "You are an autonomous programmer.")
     assert [r for r, _ in conv] == ["system", "user", "assistant", "user", "assistant"]
 
 
 def test_glaive_functions_become_tools_and_functioncalls_structured_calls():
-    conv = NORMALISERS["glaive"](GLAIVE)
+    conv = FORMATS["glaive"].normalise(GLAIVE)
     assert conv[0] == ("system", "You are a helpful assistant with access to the following functions. Use them if required")
     assert [r for r, _ in conv] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
     assert conv.tools == [{"type": "function", "function": {
@@ -152,7 +145,7 @@ def test_glaive_functions_become_tools_and_functioncalls_structured_calls():
 
 
 def test_xlam_tools_and_answers_are_structured():
-    conv = NORMALISERS["xlam"](XLAM)
+    conv = FORMATS["xlam"].normalise(XLAM)
     assert conv[0] == ("user", XLAM["query"])
     assert conv.tools[0]["function"]["name"] == "live_giveaways_by_type"
     assert conv.tools[0]["function"]["parameters"] == {"type": "object", "properties": {"type": {"type": "str"}}}
@@ -161,7 +154,7 @@ def test_xlam_tools_and_answers_are_structured():
 
 
 def test_openai_tool_calls_keep_their_shape_and_tool_turns_their_call():
-    conv = NORMALISERS["messages"]({**OPENAI_TOOLS, "tools": [{"type": "function", "function": {"name": "ls"}}]})
+    conv = FORMATS["messages"].normalise({**OPENAI_TOOLS, "tools": [{"type": "function", "function": {"name": "ls"}}]})
     assert [r for r, _ in conv] == ["user", "assistant", "tool", "assistant"]
     assert conv[1].tool_calls == [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]
     assert conv[2] == ("tool", "a.py\nb.py") and conv[2].tool_call_id == "c1" and conv[2].name == "ls"
@@ -185,7 +178,7 @@ HERMES = {  # NousResearch/hermes-function-calling-v1
 
 
 def test_hermes_tool_blocks_become_structure():
-    conv = NORMALISERS["hermes"](HERMES)
+    conv = FORMATS["hermes"].normalise(HERMES)
     assert conv.tools[0]["function"]["name"] == "get_stock"
     assert conv[2] == ("assistant", "") and conv[2].tool_calls[0]["function"]["arguments"] == '{"s": "ACME"}'
     assert conv[3] == ("tool", '{"price": 3}') and conv[3].tool_call_id == conv[2].tool_calls[0]["id"]
@@ -203,7 +196,7 @@ DEEPSWE = {  # SWE-Factory/DeepSWE-Agent-Kimi-K2-Trajectories: inline actions, o
 
 
 def test_deepswe_actions_become_tool_calls_and_observations_their_results():
-    conv = NORMALISERS["deepswe"](DEEPSWE)
+    conv = FORMATS["deepswe"].normalise(DEEPSWE)
     assert [r for r, _ in conv] == ["system", "user", "assistant", "tool", "assistant"]
     assert conv[2] == ("assistant", "Look first.")
     assert conv[2].tool_calls[0]["function"] == {"name": "execute_bash", "arguments": '{"command": "ls"}'}
@@ -213,7 +206,7 @@ def test_deepswe_actions_become_tool_calls_and_observations_their_results():
 
 
 def test_turns_all_keeps_tool_turns_naming_the_call_they_answered():
-    prompt = to_prompt(NORMALISERS["messages"](OPENAI_TOOLS), "all", False)
+    prompt = to_prompt(FORMATS["messages"].normalise(OPENAI_TOOLS), "all", False)
     assert as_messages(prompt) == [{"role": "user", "content": "List the files."},
                                    {"role": "tool", "content": "a.py\nb.py", "tool_call_id": "c1", "name": "ls"}]
 
@@ -221,11 +214,11 @@ def test_turns_all_keeps_tool_turns_naming_the_call_they_answered():
 def test_sources_without_structure_fall_back_to_text_tool_calls():
     assert render_tool_calls([{"name": "ls", "arguments": {"path": "."}}]) == (
         '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>')
-    assert not NORMALISERS["swe-agent"](SWE_AGENT).has_tools()
+    assert not FORMATS["swe-agent"].normalise(SWE_AGENT).has_tools()
 
 
 def test_openthoughts_prepends_system():
-    conv = NORMALISERS["openthoughts"](OPENTHOUGHTS)
+    conv = FORMATS["openthoughts"].normalise(OPENTHOUGHTS)
     assert conv[0] == ("system", OPENTHOUGHTS["system"]) and conv[1] == ("user", "Prove 1+1=2.")
 
 
@@ -257,7 +250,7 @@ def test_openthoughts_prepends_system():
 )
 def test_malformed_rows_raise_with_a_reason(fmt, row, reason):
     with pytest.raises(MalformedRow, match=reason):
-        NORMALISERS[fmt](row)
+        FORMATS[fmt].normalise(row)
 
 
 def test_unknown_columns_error_lists_what_was_seen():
@@ -272,19 +265,19 @@ def test_aliases_resolve_to_their_format():
 
 
 def test_turns_all_drops_answers_and_keeps_tool_turns():
-    conv = NORMALISERS["glaive"](GLAIVE)
+    conv = FORMATS["glaive"].normalise(GLAIVE)
     assert [r for r, _ in to_prompt(conv, "all", False)] == ["system", "user", "tool", "user"]
 
 
 def test_turns_last_ends_at_the_last_user_or_tool_turn():
-    conv = NORMALISERS["swe-agent"](SWE_AGENT)
+    conv = FORMATS["swe-agent"].normalise(SWE_AGENT)
     prompt = to_prompt(conv, "last", False)
     assert prompt == conv[:4] and prompt[-1][0] == "user"
     assert default_turns("swe-agent") == "last" and default_turns("sharegpt") == "all"
 
 
 def test_keep_responses_keeps_the_whole_conversation():
-    conv = NORMALISERS["messages"](ULTRACHAT)
+    conv = FORMATS["messages"].normalise(ULTRACHAT)
     assert to_prompt(conv, "all", True) == conv
     with pytest.raises(MalformedRow, match="no assistant"):
         to_prompt([("user", "hi")], "all", True)

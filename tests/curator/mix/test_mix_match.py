@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from curator.cli import main
-from curator.errors import ConfigError
 from curator.mix import build_mix, recipe_from_dict
 from curator.mix.match import largest_remainder
 from curator.traffic.features import BUCKETS, FEATURE_METHOD, distribution
 from curator.traffic.schema import PROFILE_KIND, PROFILE_VERSION
+from training.errors import ConfigFileError
 
 CODE_WORDS = "rust borrow checker lifetime trait struct impl vector iterator closure compile cargo crate".split()
 COOKING_WORDS = "oven bake flour sugar butter whisk simmer garlic onion roast pepper salt dough".split()
@@ -127,7 +127,7 @@ def test_a_profile_sharing_no_category_with_the_recipe_is_refused_listing_both(f
     err = " ".join(capsys.readouterr().err.split())
     assert "share no category" in err and "agentic, reasoning" in err and "chat, general" in err
     assert not (folder / "mix").exists()
-    with pytest.raises(ConfigError, match="no such profile"):
+    with pytest.raises(ConfigFileError, match="no such profile"):
         build_mix(recipe_from_dict({"name": "m", "sources": [{"path": str(folder / "chat.jsonl"), "samples": 1}]}),
                   folder / "mix", match=folder / "missing.json")
 

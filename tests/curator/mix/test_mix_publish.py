@@ -19,7 +19,7 @@ from rich.console import Console
 
 from curator.cli import main
 from curator.mix import build_mix, open_mix, recipe_from_dict
-from curator.rows.formats import ALIASES, NORMALISERS
+from curator.rows.formats.table import FORMATS, aliases
 from curator.mix.recipe import load_recipe
 from tests.reliability.test_reliability_publish import KILL_AFTER_RENAMES  # SIGKILL after the k-th part rename
 
@@ -157,10 +157,10 @@ def test_rows_keep_their_source_id_beside_the_mix_id(folder: Path) -> None:
 
 
 def test_every_normaliser_and_alias_is_a_recipe_format() -> None:
-    for name in [*NORMALISERS, *ALIASES]:
+    for name in [*FORMATS, *aliases()]:
         spec = {"path": "x.jsonl", "samples": 1, "format": name}
         recipe_from_dict({"name": "f", "sources": [spec]})
-    assert {"deepswe", "hermes", "apigen", "hermes-function-calling"} <= {*NORMALISERS, *ALIASES}
+    assert {"deepswe", "hermes", "apigen", "hermes-function-calling"} <= {*FORMATS, *aliases()}
 
 
 def test_an_out_that_is_a_link_keeps_its_link_and_the_mix_lands_where_it_points(folder: Path) -> None:

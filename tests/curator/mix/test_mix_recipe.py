@@ -9,6 +9,7 @@ import pytest
 from curator.errors import ConfigError
 from curator.mix import load_recipe, read_manifest
 from curator.rows.schema import MANIFEST
+from training.errors import ConfigFileError
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
@@ -90,7 +91,7 @@ def test_duplicate_source_names_are_refused(tmp_path):
 
 def test_broken_yaml_names_file_and_line(tmp_path):
     path = _write(tmp_path, "name: x\nsources: [\n  - bad: {\n")
-    with pytest.raises(ConfigError, match=rf"{path}: line \d+"):
+    with pytest.raises(ConfigFileError, match=rf"{path}: line \d+"):
         load_recipe(path)
 
 

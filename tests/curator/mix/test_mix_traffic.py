@@ -27,7 +27,7 @@ def _text(rng: random.Random, n: int = 60) -> str:
 
 
 def _opening(messages: list[dict]) -> int:
-    from curator.rows.formats import messages as normalise
+    from curator.rows.formats.messages import messages as normalise
 
     return conversation_hash(0, normalise({"messages": messages}))
 

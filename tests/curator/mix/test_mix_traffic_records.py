@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from curator.mix import build_mix, open_mix, recipe_from_dict
-from curator.rows.formats import traffic
+from curator.rows.formats.traffic import traffic
 from curator.traffic.read import iter_traffic
 
 RECORDS = [

@@ -16,7 +16,9 @@ import yaml
 from curator.errors import ConfigError
 from curator.mix.build import build_mix
 from curator.mix.recipe import load_recipe
-from curator.rows.formats import NORMALISERS, HUMANEVAL_REQUEST, MalformedRow, detect_format, to_prompt
+from curator.rows.formats.conversation import MalformedRow, to_prompt
+from curator.rows.formats.humaneval import HUMANEVAL_REQUEST
+from curator.rows.formats.table import FORMATS, detect_format
 from curator.rows.readers import BrokenRow, local_files
 from curator.rows.schema import MixRow, answer_points, open_mix
 
@@ -59,26 +61,26 @@ def test_a_cut_off_sharegpt_file_is_read_to_its_last_complete_record_and_the_los
 
 def test_humaneval_is_the_stub_as_a_request_to_complete_it():
     row = _rows(FIXTURES / HUMANEVAL)[0]
-    conv = NORMALISERS["humaneval"](row)
+    conv = FORMATS["humaneval"].normalise(row)
     assert list(conv) == [("user", HUMANEVAL_REQUEST.format(stub=row["prompt"]))]
     assert row["prompt"] in conv[0][1] and "def has_close_elements" in conv[0][1]
 
 
 def test_mtbench_keeps_both_user_turns_for_the_target_to_answer_in_order():
     row = _rows(FIXTURES / MTBENCH)[0]
-    conv = to_prompt(NORMALISERS["mtbench"](row), "all", False)
+    conv = to_prompt(FORMATS["mtbench"].normalise(row), "all", False)
     assert [r for r, _ in conv] == ["user", "user"] and [c for _, c in conv] == row["turns"]
 
 
 def test_bfcl_multi_turn_rows_without_their_tools_are_malformed_not_answered_without_tools():
     row = _rows(FIXTURES / BFCL_MULTI)[0]
     with pytest.raises(MalformedRow, match="named by class"):
-        NORMALISERS["bfcl"](row)
+        FORMATS["bfcl"].normalise(row)
 
 
 def test_tooltalk_calls_results_and_schemas_from_the_api_classes():
     rows = _rows(FIXTURES / TOOLTALK)
-    conv = NORMALISERS["tooltalk"](rows[0])  # AddAlarm-easy
+    conv = FORMATS["tooltalk"].normalise(rows[0])  # AddAlarm-easy
     assert [t["function"]["name"] for t in conv.tools] == ["AddAlarm", "DeleteAlarm", "FindAlarms"]
     assert conv.tools[0]["function"]["parameters"] == {
         "type": "object", "required": ["time"],
@@ -102,12 +104,12 @@ def test_tooltalk_apis_that_do_not_convert_count_their_conversations_malformed(t
                                                "'type': 'str',\n            'description': 'The time"))
     row = _rows(pkg / "data" / "easy")[0]
     with pytest.raises(MalformedRow, match="AddAlarm.*type 'str', not a JSON schema type"):
-        NORMALISERS["tooltalk"](row)
+        FORMATS["tooltalk"].normalise(row)
     # a conversation copied out of the package's layout has no schemas to offer: named, not guessed
     alone = tmp_path / "alone.json"
     shutil.copy(FIXTURES / TOOLTALK / "AddAlarm-easy.json", alone)
     with pytest.raises(MalformedRow, match="without its tool schemas"):
-        NORMALISERS["tooltalk"](_rows(alone)[0])
+        FORMATS["tooltalk"].normalise(_rows(alone)[0])
 
 
 # ---------------------------------------------------------------------------- bad package files

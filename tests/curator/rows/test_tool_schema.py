@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from curator.rows.formats import MalformedRow, tool_schema
+from curator.rows.formats.conversation import MalformedRow
+from curator.rows.formats.tools import tool_schema
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prompts"
 BFCL = "bfcl_eval/data/BFCL_v4_simple_python.json"

@@ -15,6 +15,7 @@ from curator.traffic.profile import EXAMPLES_PER_CATEGORY, build_profile
 from curator.traffic.schema import CATEGORIES, load_profile
 from curator.traffic.synthetic import write_jsonl
 from tests.fakes.llm_servers import API_KEY, Reply, ScriptedLLMServer, View
+from training.errors import ConfigFileError
 
 SHARES = {"agentic": 0.2, "code": 0.3, "reasoning": 0.2, "chat": 0.3}
 
@@ -238,12 +239,12 @@ def test_a_request_log_given_as_a_profile_says_so_and_gives_the_profile_command(
     one = tmp_path / "one.jsonl"
     one.write_text(log.read_text().splitlines()[0] + "\n")
     for path in (log, one):
-        with pytest.raises(ConfigError, match="looks like a request log") as caught:
+        with pytest.raises(ConfigFileError, match="looks like a request log") as caught:
             load_profile(path)
         assert f"curator profile --traffic {path} --out profile.json" in str(caught.value)
     broken = tmp_path / "broken.json"
     broken.write_text('{"categories": ')
-    with pytest.raises(ConfigError, match="cannot read the profile"):
+    with pytest.raises(ConfigFileError, match="broken.json is not valid JSON"):
         load_profile(broken)
     # through a command: eval refuses the log before it loads a model
     model = tmp_path / "model"

@@ -18,12 +18,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from curator.cli import main
-from curator.errors import ConfigError
 from curator.mix.recipe import load_recipe
 from tests.reliability.test_reliability_diskfull import _small_disk_works
 from tests.training.train.test_trainer import make_store, read_metrics, tiny_config
 from training.train.checkpoint import TRAINER_STATE, latest_checkpoint
-from training.errors import DivergedError, StoreIntegrityError, TrainingError
+from training.errors import ConfigFileError, DivergedError, StoreIntegrityError, TrainingError
 from training.io.outlock import OutputBusyError
 from training.storage.index import read_index
 from training.train.config import TrainConfig, load_run_config
@@ -160,7 +159,7 @@ def test_a_train_yaml_with_aliases_is_refused_at_once(tmp_path: Path) -> None:
 def test_a_recipe_with_aliases_is_refused_naming_the_line(tmp_path: Path) -> None:
     path = tmp_path / "recipe.yaml"
     path.write_text(LAUGHS + "name: *f\nsources: []\n")
-    with pytest.raises(ConfigError, match="line 2 not valid YAML: uses the alias \\*a"):
+    with pytest.raises(ConfigFileError, match="line 2 not valid YAML: uses the alias \\*a"):
         load_recipe(path)
 
 

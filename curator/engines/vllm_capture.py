@@ -1,5 +1,7 @@
 """Hidden states through vLLM's `extract_hidden_states` speculative method, for targets too large
-for transformers (Kimi-K2.5 across 8 GPUs).
+for transformers (Kimi-K2.5 across 8 GPUs): the vLLM engine's capture operation (`capture` in
+curator/engines/vllm.py hands each job to `capture_store` here), and the client engine-fed training
+builds on (curator/hidden/engine_feed.py).
 
 vLLM, started with `--speculative-config '{"method": "extract_hidden_states", ...}'` and the
 ExampleHiddenStatesConnector, captures the requested layers during prefill and writes one
@@ -36,9 +38,10 @@ import dataclasses
 import fcntl
 import json
 import os
+import shlex
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,12 +52,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from curator import http
-from curator.engines import vllm
+from curator.engines.base import CaptureJob
 from curator.errors import ConfigError, EndpointError
 from training.capture.prepare import PreparedSample, prepare_samples
 from training.capture.stats import ExtractStats
 from training.storage.format import HiddenStateSample, StoreMeta
-from training.storage.writer import StoreWriter
+from training.storage.index import merge_index
+from training.storage.writer import StoreWriter, claim_store
 from training.target.config import read_target_config
 
 LOCK_POLL_S = 0.01  # how often a reader retries the shared lock while the engine writes
@@ -86,6 +90,47 @@ class VllmOptions:
         return self.auth.get(url, httpx.USE_CLIENT_DEFAULT)
 
 
+CAPTURE_PATH = "/v1/completions"
+
+
+def capture_server_command(model: str, layer_ids: Sequence[int], shared_dir: str, *, port: int = 8000,
+                           tensor_parallel: int | None = None) -> str:
+    """Return the `vllm serve` command that writes the states of layers `layer_ids` of each prompt into `shared_dir`."""
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+    kv = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": shared_dir},
+    }
+    parts = ["vllm", "serve", model, "--port", str(port)]
+    if tensor_parallel:
+        parts += ["--tensor-parallel-size", str(tensor_parallel)]
+    parts += [
+        "--no-enable-chunked-prefill",  # each prompt must be captured in one prefill
+        "--speculative-config", json.dumps(spec, separators=(",", ":")),
+        "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
+    ]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def capture_request(prompt_ids: Sequence[int], model: str) -> dict[str, Any]:
+    """Return the body of the one-token request whose prefill the engine captures."""
+    return {"model": model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0, "return_token_ids": True}
+
+
+def capture_answer(data: dict[str, Any]) -> tuple[list[int] | None, str | None]:
+    """Return (the prompt ids the engine echoes, the hidden-states file it names) from a capture answer."""
+    choice = (data.get("choices") or [{}])[0]
+    echoed = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
+    params = data.get("kv_transfer_params") or choice.get("kv_transfer_params") or {}
+    path = params.get("hidden_states_path") if isinstance(params, dict) else None
+    return (list(echoed) if echoed is not None else None), (str(path) if path else None)
+
+
 def engine_layer_ids(meta: StoreMeta) -> list[int]:
     """Return the ids vLLM must capture: the store's aux ids, plus N (last layer output) when it keeps the final state."""
     return [*meta.aux_layer_ids, meta.num_layers] if meta.has_final else list(meta.aux_layer_ids)
@@ -100,7 +145,7 @@ def server_command(
     tensor_parallel: int | None = None,
 ) -> str:
     """Return the `vllm serve` command that captures exactly the layers this store keeps."""
-    return vllm.capture_server_command(model, engine_layer_ids(meta), shared_dir, port=port,
+    return capture_server_command(model, engine_layer_ids(meta), shared_dir, port=port,
                                        tensor_parallel=tensor_parallel)
 
 
@@ -291,13 +336,13 @@ class VllmExtractor:
     async def request(self, client: httpx.AsyncClient, url: str, s: PreparedSample) -> HiddenStateSample:
         """Return the sample captured by the engine at `url`; retry transient failures."""
         ids = s.input_ids.tolist()
-        body = vllm.capture_request(ids, self.opts.model)
+        body = capture_request(ids, self.opts.model)
         policy = http.RetryPolicy(self.opts.retries + 1, self.opts.backoff_s, http.RetryPolicy().max_delay_s)
         file_problem = False
 
         async def once(attempt: int) -> HiddenStateSample:
             nonlocal file_problem
-            resp = await client.post(f"{url}{vllm.CAPTURE_PATH}", json=body, auth=self.opts.auth_for(url))
+            resp = await client.post(f"{url}{CAPTURE_PATH}", json=body, auth=self.opts.auth_for(url))
             resp.raise_for_status()
             try:
                 data = resp.json()
@@ -310,7 +355,7 @@ class VllmExtractor:
                 raise
 
         def classify(exc: Exception) -> http.Failure | None:
-            return http.Failure(str(exc), True) if isinstance(exc, _Retry) else http.httpx_failure(exc, f"{url}{vllm.CAPTURE_PATH}")
+            return http.Failure(str(exc), True) if isinstance(exc, _Retry) else http.httpx_failure(exc, f"{url}{CAPTURE_PATH}")
 
         tries = f"{policy.max_attempts} tries"
         try:
@@ -330,7 +375,7 @@ class VllmExtractor:
 
     async def read_answer(self, data: dict[str, Any], s: PreparedSample, ids: list[int]) -> HiddenStateSample:
         """Return the sample from an engine answer and its file; the file and its lock are removed once read."""
-        echoed, engine_path = vllm.capture_answer(data)
+        echoed, engine_path = capture_answer(data)
         if echoed is None:
             raise _Fatal(f"{self.opts.model}: the answer has no prompt_token_ids; use a vLLM that supports return_token_ids")
         if echoed != ids:
@@ -461,3 +506,18 @@ async def extract_vllm(
 def api_key_from_env() -> str | None:
     """Return the engine API key from VLLM_API_KEY (vLLM's own variable), if set."""
     return os.environ.get("VLLM_API_KEY") or None
+
+
+def capture_store(job: CaptureJob) -> ExtractStats:
+    """Capture `job.records` through the engines into the store `job.out` (claimed for the run, its index
+    merged at the end); return the counts."""
+    opts = VllmOptions(endpoints=[e.rstrip("/") for e in job.endpoints], model=job.model, shared_dir=job.shared_dir,
+                       concurrency=job.concurrency, retries=job.retries, path_map=job.path_map,
+                       api_key=api_key_from_env())
+    norm = load_final_norm(job.local) if job.meta.has_final else None
+    with claim_store(job.out):  # one run per store; what a killed run left is removed first
+        stats = asyncio.run(extract_vllm(opts, job.tokenizer, job.records, job.out, job.meta, norm=norm,
+                                         max_len=job.max_len, positions=job.positions,
+                                         on_sample=lambda _t: job.on_sample(1)))
+        merge_index(job.out)
+    return stats

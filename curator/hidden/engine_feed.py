@@ -3,7 +3,7 @@ hidden states from vLLM servers running `extract_hidden_states` as the trainer n
 
 training/ imports no curator code (it must run on a bare GPU node), so the trainer takes the client
 as a factory (training.feed.engine.CaptureFactory) and this module is it. The HTTP and file side is
-curator.hidden_vllm's VllmExtractor, the client `curator hidden-states --backend vllm` uses (the
+curator.engines.vllm_capture's VllmExtractor, the client `curator hidden-states --backend vllm` uses (the
 same request, the same checks of the engine's answer and file, the same wait for the engine's
 lock); this module adds what training needs on top:
 
@@ -41,7 +41,7 @@ import httpx
 
 from curator import http
 from curator.engines.vllm import CAPTURE_SHARED_DIR
-from curator.hidden_vllm import VllmExtractor, VllmOptions, api_key_from_env, load_final_norm
+from curator.engines.vllm_capture import VllmExtractor, VllmOptions, api_key_from_env, load_final_norm
 from training.capture.prepare import PreparedSample
 from training.feed.engine import CaptureFactory, EngineFeedError
 from training.io.atomic import write_text

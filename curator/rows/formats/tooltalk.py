@@ -1,20 +1,29 @@
-"""ToolTalk's tool schemas, read from its Python API classes without running them.
+"""ToolTalk conversations (pip `nvidia-tooltalk`, MIT), with the tool schemas read from its Python API
+classes without running them.
 
-ToolTalk (pip `nvidia-tooltalk`, MIT) stores its conversations as JSON (tooltalk/data/tooltalk/*.json)
-and its tools as Python classes (tooltalk/apis/*.py): each API class has a literal `description` and
-`parameters` ({name: {type, description, required}}), each suite class a `name` and a list of its
-API classes. The files are parsed with `ast` (literals only, nothing imported or executed) and each
-API becomes an OpenAI tool schema; an API whose parameters are not plain JSON schema literals is
-named with the reason instead, and the conversations that offer it are counted malformed.
+ToolTalk stores its conversations as JSON (tooltalk/data/tooltalk/*.json) and its tools as Python
+classes (tooltalk/apis/*.py): each API class has a literal `description` and `parameters` ({name:
+{type, description, required}}), each suite class a `name` and a list of its API classes. The files
+are parsed with `ast` (literals only, nothing imported or executed) and each API becomes an OpenAI
+tool schema; an API whose parameters are not plain JSON schema literals is named with the reason
+instead, and the conversations that offer it are counted malformed. A conversation file read in the
+package's own layout gets its schemas as `tools` (`with_tools`, the format's hook on local files).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from curator.rows.formats import fields
+from curator.rows.formats.conversation import Conversation, MalformedRow, Turn
+from curator.rows.formats.table import RowFormat, register
+from curator.rows.formats.tools import pair_tool_turns, tool_call, tool_schema
 
 # JSON schema's types: an API that declares another (a Python type name) does not convert cleanly.
 _JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "array", "object", "null"})
@@ -134,3 +143,74 @@ def _problem(params: Any, description: Any) -> str | None:
         if not isinstance(spec.get("required", False), bool):
             return f"parameter {name!r} has a `required` that is not true or false"
     return None
+
+
+# ToolTalk's executor passes the session token itself (it is in no API's parameters); its recorded
+# calls carry it, so it is taken out of them to match the schemas offered.
+_TOOLTALK_INJECTED = "session_token"
+
+
+def tooltalk(row: Mapping[str, Any]) -> Conversation:
+    """Return a ToolTalk conversation: user and assistant turns (`text`), an assistant turn's `apis` as
+    its tool calls followed by their results (`{"response", "exception"}` as ToolTalk shows them), and
+    the schemas of the APIs of `suites_used` as the tools offered (`tools`, added by the reader from
+    the package's API classes; `tools_error` when they do not convert). The closing user turn, which
+    ToolTalk never answers, is left out."""
+    if isinstance(row.get("tools_error"), str):
+        raise MalformedRow(row["tools_error"])
+    if not isinstance(row.get("tools"), list):
+        raise MalformedRow("ToolTalk conversation without its tool schemas (read it in the package's own "
+                           "layout, with tooltalk/apis/ beside tooltalk/data/)")
+    items = fields.required(row, "conversation")
+    if not isinstance(items, list) or not items:
+        raise MalformedRow("field 'conversation' is not a non-empty list")
+    conv = Conversation(tools=[tool_schema(t) for t in row["tools"]])
+    n_calls = 0
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise MalformedRow("a turn in 'conversation' is not an object")
+        role, text = fields.role(item.get("role")), item.get("text")
+        if not isinstance(text, str):
+            raise MalformedRow("a turn in 'conversation' has no text")
+        apis = item.get("apis") or []
+        if role == "assistant" and apis:
+            if not isinstance(apis, list) or not all(isinstance(a, Mapping) and isinstance(a.get("request"), Mapping)
+                                                     for a in apis):
+                raise MalformedRow("field 'apis' is not a list of {request, response, exception}")
+            calls = []
+            for api in apis:
+                params = api["request"].get("parameters")
+                if isinstance(params, Mapping):
+                    params = {k: v for k, v in params.items() if k != _TOOLTALK_INJECTED}
+                calls.append(tool_call(api["request"].get("api_name"), params, f"call_{n_calls}"))
+                n_calls += 1
+            conv.append(Turn("assistant", "", tool_calls=calls))
+            for call, api in zip(calls, apis):
+                result = json.dumps({"response": api.get("response"), "exception": api.get("exception")},
+                                    ensure_ascii=False)
+                conv.append(Turn("tool", result, tool_call_id=call["id"]))
+        conv.append((role, text))
+    if len(conv) > 1 and conv[-1][0] == "user":
+        # ToolTalk ends each conversation on a user turn that is never answered ("Thanks, that's all"):
+        # without it the turn answered (turns=last) is the assistant's after its last calls and results.
+        conv.pop()
+    return pair_tool_turns(conv)
+
+
+def with_tools(path: Path, rows: Iterable[Any]) -> Iterator[Any]:
+    """Return the rows of a local file, each ToolTalk conversation with the `tools` of its suites when the
+    file lies in the package's own layout (the schemas are the package's API classes); other rows as they are."""
+    apis = apis_folder(path) if path.name.endswith(".json") else None
+    if apis is None:
+        yield from rows
+        return
+    found = load_apis(apis)
+    for row in rows:
+        yield (found.tools_for(row) if isinstance(row, dict) and "apis_used" in row and "conversation" in row
+               and "tools" not in row else row)
+
+
+# Agentic trajectories: each observation depends on the actions before it, so only the final
+# answer can be regenerated faithfully.
+register(RowFormat("tooltalk", tooltalk, columns=(frozenset({"conversation", "apis_used", "suites_used"}),), rank=50,
+                   turns="last", file_rows=with_tools))

@@ -1,5 +1,6 @@
 """The hidden-states stage as one library call: check the inputs, plan the disk for what is left,
-then capture with the chosen backend (transformers in this process, or vLLM servers).
+then capture with the chosen backend: transformers in this process, or an engine's capture operation
+(curator/engines/base.py `Engine.capture`; vLLM's drives servers running `extract_hidden_states`).
 
 `curator hidden-states` and the demo call `capture_hidden_states`; the command only parses flags
 and draws progress.
@@ -7,25 +8,25 @@ and draws progress.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curator.engines import ENGINES
+from curator.engines.base import CaptureJob
 from curator.engines.vllm import CAPTURE_SHARED_DIR
 from curator.errors import ConfigError
 from training.records.chat_tokens import GenerationReadStats, generation_files, iter_generation
 from training.capture.prepare import max_positions, store_meta
 from training.capture.stats import ExtractStats
-from training.storage.index import merge_index
 from training.capture.plan import ModelShape, data_lengths, load_shape, make_plan, refuse_if_it_will_not_fit
 from training.storage.format import StoreMeta
 from training.storage.index import read_index
-from training.storage.writer import claim_store
 from training.target.config import read_target_config
 
-BACKENDS = ("transformers", "vllm")
+IN_PROCESS = "transformers"  # the backend that loads the target here; every other is an engine that captures
+BACKENDS = (IN_PROCESS, *(name for name, engine in ENGINES.items() if engine.capture is not None))
 DTYPES = ("bf16", "fp8")
 
 
@@ -43,11 +44,11 @@ class CaptureSettings:
     max_len: int | None = None
     batch_tokens: int = 16384
     backend: str = "transformers"
-    endpoints: list[str] = field(default_factory=list)  # vllm
-    concurrency: int = 8  # vllm requests in flight per endpoint
-    retries: int = 4  # vllm
-    path_map: str | None = None  # vllm: ENGINE_DIR=LOCAL_DIR
-    shared_dir: str = CAPTURE_SHARED_DIR  # vllm: the engine's shared_storage_path (what it names)
+    endpoints: list[str] = field(default_factory=list)  # an engine backend's servers
+    concurrency: int = 8  # engine requests in flight per endpoint
+    retries: int = 4  # engine
+    path_map: str | None = None  # engine: ENGINE_DIR=LOCAL_DIR
+    shared_dir: str = CAPTURE_SHARED_DIR  # engine: the shared folder the engine writes into (what it names)
     check_disk: bool = True
 
     @property
@@ -65,18 +66,25 @@ def load_tokenizer(model_dir: Path) -> Any | None:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+def capture_op(backend: str) -> Callable[[CaptureJob], ExtractStats] | None:
+    """Return the capture operation of the engine a backend names (None: the in-process transformers
+    backend); ConfigError for a backend that is neither."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be {' or '.join(BACKENDS)}, not {backend!r}")
+    return None if backend == IN_PROCESS else ENGINES[backend].capture
+
+
 def _check(s: CaptureSettings) -> Path:
     if s.dtype not in DTYPES:
         raise ConfigError(f"--dtype must be bf16 or fp8, not {s.dtype!r}")
-    if s.backend not in BACKENDS:
-        raise ConfigError(f"--backend must be transformers or vllm, not {s.backend!r}")
+    by_engine = capture_op(s.backend) is not None
     if s.local is None:
-        if s.backend == "vllm":  # the server holds the weights; the config and tokenizer are read here
+        if by_engine:  # the server holds the weights; the config and tokenizer are read here
             raise ConfigError(f"{s.model} is not a local directory: pass --target-dir with the target's config "
                               "and tokenizer")
         raise ConfigError(f"--model {s.model}: no such folder (the transformers backend loads the target from its "
                           "local folder: config.json, weights and tokenizer)")
-    if s.backend == "vllm" and (s.concurrency < 1 or s.retries < 0):
+    if by_engine and (s.concurrency < 1 or s.retries < 0):
         raise ConfigError("--concurrency must be at least 1 and --retries at least 0")
     if s.path_map is not None and "=" not in s.path_map:
         raise ConfigError("--path-map takes ENGINE_DIR=LOCAL_DIR")
@@ -131,31 +139,18 @@ def capture_hidden_states(
     if on_total is not None:
         on_total(total)
     advance = on_samples or (lambda _n: None)
-    if s.backend == "transformers":
+    capture = capture_op(s.backend)
+    if capture is None:
         from training.capture.hidden_states import run
 
         return run(local, s.data, s.out, layer_ids=meta.aux_layer_ids, dtype=s.dtype, has_final=s.has_final,
                    max_len=s.max_len, batch_tokens=s.batch_tokens, read_stats=read,
                    on_batch=lambda n, _tokens: advance(n))
-    return _capture_vllm(s, local, tokenizer, meta, read, advance, max_positions(config))
-
-
-def _capture_vllm(
-    s: CaptureSettings, local: Path, tokenizer: Any, meta: StoreMeta, read: GenerationReadStats,
-    advance: Callable[[int], None], positions: int | None,
-) -> ExtractStats:
-    from curator.hidden_vllm import VllmOptions, api_key_from_env, extract_vllm, load_final_norm
-
     mapping: tuple[str, str] | None = None
     if s.path_map:  # ENGINE_DIR=LOCAL_DIR (checked to hold "=" when the settings were read)
         engine_dir, _, local_dir = s.path_map.partition("=")
         mapping = (engine_dir, local_dir)
-    opts = VllmOptions(endpoints=[e.rstrip("/") for e in s.endpoints], model=s.model, shared_dir=s.shared_dir,
-                       concurrency=s.concurrency, retries=s.retries, path_map=mapping, api_key=api_key_from_env())
-    norm = load_final_norm(local) if meta.has_final else None
-    with claim_store(s.out):  # one run per store; what a killed run left is removed first
-        stats = asyncio.run(extract_vllm(opts, tokenizer, iter_generation(s.data, read), s.out, meta, norm=norm,
-                                         max_len=s.max_len, positions=positions,
-                                         on_sample=lambda _t: advance(1)))
-        merge_index(s.out)
-    return stats
+    return capture(CaptureJob(
+        model=s.model, local=local, records=iter_generation(s.data, read), out=s.out, meta=meta, tokenizer=tokenizer,
+        endpoints=list(s.endpoints), concurrency=s.concurrency, retries=s.retries, shared_dir=s.shared_dir,
+        path_map=mapping, max_len=s.max_len, positions=max_positions(config), on_sample=advance))

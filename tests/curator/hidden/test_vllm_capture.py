@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from curator.cli import main
-from curator.hidden_vllm import VllmOptions, extract_vllm, load_final_norm
+from curator.engines.vllm_capture import VllmOptions, extract_vllm, load_final_norm
 from tests.fakes.vllm_server import FakeVllmServer
 from tests.training.capture.test_hidden_states import conversation, write_gen
 from training.records.chat_tokens import iter_generation
@@ -151,7 +151,7 @@ def test_reader_takes_the_shared_lock_before_reading(tmp_path: Path) -> None:
 
     from safetensors.torch import save
 
-    from curator.hidden_vllm import read_engine_file
+    from curator.engines.vllm_capture import read_engine_file
 
     path = tmp_path / "cmpl-0.safetensors"
     data = save({"hidden_states": torch.ones(3, 2, 4), "token_ids": torch.arange(3)})

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from curator.cli import main
-from curator.engine_feed import capture_factory, file_request_id
+from curator.hidden.engine_feed import capture_factory, file_request_id
 from tests.fakes.vllm_server import FakeVllmServer
 from tests.training.capture.test_hidden_states import conversation, write_gen
 from tests.training.train.test_trainer import one_thread, sharp_target  # noqa: F401  (fixtures)
