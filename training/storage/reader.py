@@ -31,20 +31,22 @@ class HiddenStateStore:
     """
 
     def __init__(self, root: Path, meta: StoreMeta, entries: dict[str, dict[str, Any]], skipped: dict[str, str],
-                 dequantize: bool = True):
+                 dequantize: bool = True, prenorm: bool = False):
         self.root = root
         self.meta = meta
         self._entries = entries
         self._ids = list(entries)
         self.skipped = skipped
         self.dequantize = dequantize
+        self.prenorm = prenorm and meta.has_final_prenorm  # read `final_prenorm` too (the trainer never needs it)
         self._handles: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str | Path, *, dequantize: bool = True) -> HiddenStateStore:
+    def open(cls, path: str | Path, *, dequantize: bool = True, prenorm: bool = False) -> HiddenStateStore:
         """Return the store at `path` (index.json merged with any unmerged parts); StoreError while a
-        capture is writing it (a moving store), or when it has no meta.json."""
+        capture is writing it (a moving store), or when it has no meta.json. `prenorm`: samples carry
+        `final_prenorm` too, where the store keeps it."""
         root = Path(path)
         writer = lock_store(root).holder()
         if writer is not None:
@@ -56,7 +58,7 @@ class HiddenStateStore:
         meta = StoreMeta.from_json(read_json(meta_path))
         entries, skipped = read_index(root)
         check_shards(root, meta, entries)
-        return cls(root, meta, entries, skipped, dequantize=dequantize)
+        return cls(root, meta, entries, skipped, dequantize=dequantize, prenorm=prenorm)
 
     def ids(self) -> list[str]:
         """Return the stored sample ids in index order."""
@@ -109,6 +111,8 @@ class HiddenStateStore:
         names = ["input_ids", "loss_mask", "aux"] + (["final"] if self.meta.has_final else [])
         if self.meta.dtype == "fp8":
             names += ["aux_scale"] + (["final_scale"] if self.meta.has_final else [])
+        if self.prenorm:
+            names.append("final_prenorm")
         with self._lock:
             h = self._handle(entry["shard"])
             t = {name: h.get_slice(name)[lo:hi] for name in names}
@@ -118,6 +122,7 @@ class HiddenStateStore:
             loss_mask=t["loss_mask"].to(torch.bool),
             aux=t["aux"],
             final=t.get("final"),
+            final_prenorm=t.get("final_prenorm"),
             category=str(entry.get("category", "")),
         )
         if self.meta.dtype == "fp8":
