@@ -149,7 +149,6 @@ class HiddenStateSample:
     loss_mask: torch.Tensor
     aux: torch.Tensor
     final: torch.Tensor | None = None
-    final_prenorm: torch.Tensor | None = None  # [T, H] bf16, before the final norm (has_final_prenorm stores)
     category: str = ""
     mode: str = ""  # which generation mode made the sample's ids: "token" (stored ids) or "text" (re-tokenised)
     # Checked where the states were made (one reduction on the GPU) instead of by a pass over
@@ -159,6 +158,7 @@ class HiddenStateSample:
     # host: half the bytes to move): float32 scales [T, n_rows], as quantize_fp8 returns them.
     aux_scale: torch.Tensor | None = None
     final_scale: torch.Tensor | None = None
+    final_prenorm: torch.Tensor | None = None  # [T, H] bf16, before the final norm (has_final_prenorm stores)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

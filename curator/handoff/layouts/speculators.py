@@ -69,7 +69,7 @@ class SpeculatorsWriter(LayoutWriter):
         t, h = len(row), row.final_prenorm.shape[-1]
         states = torch.cat([row.aux.reshape(t, -1, h), row.final_prenorm.reshape(t, 1, h)], dim=1)  # [T, n_aux+1, H]
         tensors = {"hidden_states": [states], "token_ids": [row.input_ids.long()]}
-        self.sink.submit(self.stage / states_file(index), lambda path: write_parts(path, tensors, {"format": "pt"}, fsync=False))
+        self.sink.submit(self.stage / states_file(index), lambda path: _safetensors(path, tensors))
 
     def _flush(self) -> None:
         if not self._rows:
@@ -98,6 +98,10 @@ class SpeculatorsWriter(LayoutWriter):
         freq = {int(i): int(self._freq[i]) for i in torch.nonzero(self._freq).flatten()}
         self.sink.submit(self.stage / TOKEN_FREQ, lambda path: torch.save(freq, path))
         return {"states_files": f"{STATES_DIR}/hs_{{i}}.safetensors" if self.source.has_states else None}
+
+
+def _safetensors(path: Path, tensors: dict[str, list[torch.Tensor]]) -> None:
+    write_parts(path, tensors, {"format": "pt"}, fsync=False)  # the sink fsyncs
 
 
 @dataclass(frozen=True)
