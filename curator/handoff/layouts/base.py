@@ -72,8 +72,14 @@ def _write_file(path: Path, write: Callable[[Path], None]) -> int:
 
 
 def torch_file(tensors: dict[str, Any]) -> Callable[[Path], None]:
-    """Return a writer of `tensors` (tensors and plain values only) as torch.save writes them."""
-    return lambda path: torch.save(tensors, path)
+    """Return a writer of `tensors` (tensors and plain values only) as torch.save writes them.
+
+    torch.save writes a tensor's whole storage: a row read from a store shard is a view of the shard's
+    tensor, which would put the shard into every row's file. Such views are copied to their own storage.
+    """
+    own = {k: (v.clone() if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.nbytes else v)
+           for k, v in tensors.items()}
+    return lambda path: torch.save(own, path)
 
 
 class LayoutWriter(ABC):

@@ -91,6 +91,10 @@ def test_every_layout_holds_the_rows_losslessly_in_its_numbering_and_norm(data: 
         assert mo["conversation_id"] == sid and torch.equal(mo["hidden_states"], s.final)
         assert torch.equal(mo["aux_hidden_states"], s.aux) and torch.equal(mo["loss_mask"].bool(), s.loss_mask)
         assert prompts[i] == {"id": sid, "input_ids": s.input_ids.tolist(), "loss_mask": s.loss_mask.long().tolist()}
+        # each file holds its own row: a row read from a shard is a view, and torch.save would write the shard
+        row_bytes = len(s) * (4 * st.meta.hidden_size * 2 + 2 * 8)
+        for path in (ckpt, outs["modelopt"] / f"{i:08d}.pt"):
+            assert path.stat().st_size < row_bytes + 4096
     freq = torch.load(outs["speculators"] / "token_freq.pt", weights_only=True)
     assert sum(freq.values()) == sum(int(st[i].loss_mask.sum()) for i in ids)
 
