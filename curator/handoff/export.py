@@ -73,7 +73,7 @@ def export_data(
 ) -> ExportReport:
     """Write the rows of `store` and/or `records` at `out` in `layout_name`'s layout; return what was written."""
     layout = layout_named(layout_name)
-    source = open_source(store, records, target=target, fp8_to_bf16=fp8_to_bf16)
+    source = open_source(store, records, target=target, fp8_to_bf16=fp8_to_bf16, prenorm=layout.final_norm == "before")
     if layout.needs_states and not source.has_states:
         others = [n for n, lay in LAYOUTS.items() if not lay.needs_states]
         raise LayoutCannotHoldError(f"{layout.name} holds hidden states and none were given: pass --store "

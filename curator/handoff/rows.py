@@ -123,14 +123,15 @@ def _store_row(store: HiddenStateStore, sid: str) -> HandoffRow:
 
 
 def open_source(store: str | Path | None, records: str | Path | None, *, target: str | Path | None = None,
-                fp8_to_bf16: bool = False) -> HandoffSource:
-    """Return the source of an export, its store checked against the target (when given) and its dtype."""
+                fp8_to_bf16: bool = False, prenorm: bool = False) -> HandoffSource:
+    """Return the source of an export, its store checked against the target (when given) and its dtype;
+    `prenorm`: rows carry the final state before the norm (read only for the layout that wants it)."""
     if store is None and records is None:
         raise HandoffError("nothing to export: pass --store (a hidden-state store) and/or --records (a generation output)")
     opened = None
     if store is not None:
         try:
-            opened = HiddenStateStore.open(store, prenorm=True)
+            opened = HiddenStateStore.open(store, prenorm=prenorm)
         except TrainingError as exc:
             raise HandoffError(str(exc)) from None
         if opened.meta.dtype == "fp8" and not fp8_to_bf16:

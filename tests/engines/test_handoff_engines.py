@@ -131,6 +131,21 @@ def test_specforge_offline_reader_gives_the_stores_tensors(data: dict[str, Path]
         assert torch.equal(got["hidden_state"][0], s.aux) and torch.equal(got["target"][0], s.final)
 
 
+def test_specforge_takes_the_launch_lines_overrides_and_the_layer_ids_of_its_run_file(data: dict[str, Path]) -> None:
+    from specforge.algorithms.model_providers import resolve_eagle_capture_layers
+    from specforge.config.schema import Config, apply_overrides
+
+    m = manifest(data["specforge-offline"])
+    line, _, note = m["launch"].partition("#")
+    words = line.split()
+    assert words[:4] == ["specforge", "train", "--config", "YOUR_RUN.yaml"] and str(m["aux_layer_ids"]) in note
+    run = Config.model_validate({"model": {"target_model_path": "T", "aux_hidden_state_layer_ids": m["aux_layer_ids"]},
+                                 "data": {"hidden_states_path": "elsewhere"}})  # YOUR_RUN.yaml, with the ids
+    cfg = apply_overrides(run, words[4:])
+    assert cfg.data.hidden_states_path == str(data["specforge-offline"]) and cfg.model.target_model_path == str(data["target"])
+    assert resolve_eagle_capture_layers(cfg, {}, None) == [0, 1, 2]
+
+
 def test_specforge_online_prompts_are_the_rows_ids(data: dict[str, Path]) -> None:
     from specforge.data.prompt_builder import prepare_prompt_tasks
 

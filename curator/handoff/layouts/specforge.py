@@ -68,8 +68,15 @@ PICKLE_TRAP = Trap(
     "weights_only=True and refuses any file the manifest does not name")
 LAYER_TRAP = Trap(
     "specforge-layer-ids",
-    "SpecForge numbers aux layers by their outputs (curator's ids minus 1): pass the manifest's aux_layer_ids as "
-    "model.aux_hidden_state_layer_ids; its default [1, N//2-1, N-4] equals curator's default [2, N//2, N-3]")
+    "SpecForge numbers aux layers by their outputs (curator's ids minus 1): set the manifest's aux_layer_ids as "
+    "model.aux_hidden_state_layer_ids in the run's YAML (SpecForge 0.2.0 refuses that override on the command line); "
+    "its default [1, N//2-1, N-4] equals curator's default [2, N//2, N-3]")
+
+
+def _layers_note(layer_ids: list[int] | None) -> str:
+    # SpecForge 0.2.0 parses an override as YAML only where the field already holds a list, and this one
+    # defaults to null: `model.aux_hidden_state_layer_ids=[..]` stays a string and is refused. The run file says it.
+    return f"  # YOUR_RUN.yaml sets model: aux_hidden_state_layer_ids: {layer_ids}" if layer_ids else ""
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,8 @@ class SpecForgeOffline(Layout):
         return OfflineWriter(stage, source, sink)
 
     def launch(self, out: Path, target: str, layer_ids: list[int] | None) -> str:
-        layers = f" model.aux_hidden_state_layer_ids=[{','.join(map(str, layer_ids or []))}]"
         return (f"specforge train --config YOUR_RUN.yaml model.target_model_path={target} "
-                f"data.hidden_states_path={out}{layers}")
+                f"data.hidden_states_path={out}{_layers_note(layer_ids)}")
 
     def traps(self) -> list[Trap]:
         return [PICKLE_TRAP, LAYER_TRAP]
@@ -95,7 +101,8 @@ class SpecForgeOnline(Layout):
         return None  # token ids only: any store's rows, any layers
 
     def launch(self, out: Path, target: str, layer_ids: list[int] | None) -> str:
-        return f"specforge train --config YOUR_RUN.yaml model.target_model_path={target} data.prompts_path={out / PROMPTS_FILE}"
+        return (f"specforge train --config YOUR_RUN.yaml model.target_model_path={target} "
+                f"data.prompts_path={out / PROMPTS_FILE}{_layers_note(layer_ids)}")
 
     def traps(self) -> list[Trap]:
         return [LAYER_TRAP]

@@ -86,14 +86,21 @@ class SpeculatorsWriter(LayoutWriter):
 
     def close(self) -> dict[str, Any]:
         from datasets import Dataset
+        from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
         self._flush()
         self._stream.close()
         self._file.close()
-        data = Dataset.from_file(str(self._stream_path), in_memory=False)
-        data.set_format(type="torch")
-        data.save_to_disk(str(self.stage))
-        del data
+        quiet = are_progress_bars_disabled()
+        disable_progress_bars()  # the export's own progress is the one shown
+        try:
+            data = Dataset.from_file(str(self._stream_path), in_memory=False)
+            data.set_format(type="torch")
+            data.save_to_disk(str(self.stage))
+            del data
+        finally:
+            if not quiet:
+                enable_progress_bars()
         shutil.rmtree(self.stage / _SCRATCH)
         freq = {int(i): int(self._freq[i]) for i in torch.nonzero(self._freq).flatten()}
         self.sink.submit(self.stage / TOKEN_FREQ, lambda path: torch.save(freq, path))
