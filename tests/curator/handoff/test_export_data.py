@@ -17,6 +17,7 @@ from curator.cli import main as cli_main
 from curator.handoff.checks import check_export
 from curator.handoff.errors import (
     Fp8StoreError,
+    HandoffError,
     LayoutCannotHoldError,
     MissingStatesError,
     RetokenisedRowsError,
@@ -204,3 +205,21 @@ def test_cli_export_data_prints_the_launch_line_and_refuses_in_one_line(
                      "--out", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
     assert "--final-prenorm" in err and not (tmp_path / "x").exists()
+
+
+def test_a_killed_exports_staging_folder_is_removed_by_the_next_and_foreign_folders_are_kept(
+        data: dict[str, Path], tmp_path: Path) -> None:
+    killed = tmp_path / ".out.export-data.tmp-999999"  # what a SIGKILL'd export leaves beside --out
+    killed.mkdir()
+    (killed / ".curator-handoff-stage").touch()
+    (killed / "00000000.pt").write_bytes(b"half")
+    mine = tmp_path / ".out.export-data.tmp-999998"  # the user's, by chance under that name: kept
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    export_data("modelopt", tmp_path / "out", store=data["store"])
+    assert not killed.exists() and (mine / "notes.txt").read_text() == "mine"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.txt").write_text("x")
+    with pytest.raises(HandoffError, match="not an export"):
+        export_data("modelopt", tmp_path / "plain", store=data["store"])
+    assert (tmp_path / "plain" / "a.txt").read_text() == "x"
