@@ -7,7 +7,7 @@ export, each fsynced) as the floor a disk gives. Both read what was just written
 the ratio is what the export adds on top of writing the bytes: reading the store, shaping tensors,
 torch.save / safetensors framing, one file per row.
 
-    PYTHONPATH=. python bench/export_data_bench.py                         # 2,000 x 2,048 tokens, hidden 64
+    PYTHONPATH=. python bench/export_data_bench.py                         # 2,000 x 2,048 tokens, hidden 64, median of 3
     PYTHONPATH=. python bench/export_data_bench.py --records 100000 --tokens 2048 --hidden 8 --dir /mnt/big
     PYTHONPATH=. python bench/export_data_bench.py --json bench/results/export_data.json
 """
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -70,24 +71,34 @@ def copy_tree(src: Path, dst: Path) -> int:
     return total
 
 
-def run(records: int, tokens: int, hidden: int, scratch: Path, layouts: tuple[str, ...] = LAYOUTS) -> dict[str, Any]:
+def run(records: int, tokens: int, hidden: int, scratch: Path, layouts: tuple[str, ...] = LAYOUTS,
+        repeat: int = 1) -> dict[str, Any]:
+    """Return, per layout, the median of `repeat` exports and of as many plain copies of its files (alternated)."""
     store = make_store(scratch / "store", records, tokens, hidden)
-    out: dict[str, Any] = {"records": records, "tokens_per_record": tokens, "hidden": hidden,
+    out: dict[str, Any] = {"records": records, "tokens_per_record": tokens, "hidden": hidden, "repeat": repeat,
                            "store_bytes": sum(p.stat().st_size for p in (store / "shards").iterdir()), "layouts": {}}
     for layout in layouts:
-        dest = scratch / f"export-{layout}"
-        t0 = time.perf_counter()
-        report = export_data(layout, dest, store=store)
-        export_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        copied = copy_tree(dest, scratch / f"copy-{layout}")
-        copy_s = time.perf_counter() - t0
+        dest, copy = scratch / f"export-{layout}", scratch / f"copy-{layout}"
+        exports, copies = [], []
+        for _ in range(repeat):
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.rmtree(copy, ignore_errors=True)
+            os.sync()  # the writeback of what came before is not this phase's
+            t0 = time.perf_counter()
+            report = export_data(layout, dest, store=store)
+            exports.append(time.perf_counter() - t0)
+            os.sync()
+            t0 = time.perf_counter()
+            copied = copy_tree(dest, copy)
+            copies.append(time.perf_counter() - t0)
+        export_s, copy_s = statistics.median(exports), statistics.median(copies)
         out["layouts"][layout] = {
             "files": report.files, "bytes": copied, "export_s": round(export_s, 3), "copy_s": round(copy_s, 3),
             "export_MB_per_s": round(copied / export_s / 1e6, 1), "copy_MB_per_s": round(copied / copy_s / 1e6, 1),
-            "export_over_copy": round(export_s / copy_s, 3)}
+            "export_over_copy": round(export_s / copy_s, 3),
+            "export_runs_s": [round(x, 3) for x in exports], "copy_runs_s": [round(x, 3) for x in copies]}
         shutil.rmtree(dest)
-        shutil.rmtree(scratch / f"copy-{layout}")
+        shutil.rmtree(copy)
     return out
 
 
@@ -97,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--repeat", type=int, default=3, help="median of this many exports and copies, alternated (a VM disk is noisy)")
     p.add_argument("--dir", type=Path, default=None, help="scratch folder on the disk to measure (default: a temp folder)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        result = run(args.records, args.tokens, args.hidden, Path(tmp), tuple(args.layouts.split(",")))
+        result = run(args.records, args.tokens, args.hidden, Path(tmp), tuple(args.layouts.split(",")), args.repeat)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -223,3 +223,31 @@ def test_a_killed_exports_staging_folder_is_removed_by_the_next_and_foreign_fold
     with pytest.raises(HandoffError, match="not an export"):
         export_data("modelopt", tmp_path / "plain", store=data["store"])
     assert (tmp_path / "plain" / "a.txt").read_text() == "x"
+
+
+def test_curator_hidden_states_final_prenorm_keeps_the_state_speculators_reads(data: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "states"
+    assert cli_main(["hidden-states", "--model", str(data["target"]), "--data", str(data["records"]), "--out", str(out),
+                     "--final-prenorm", "--force"]) in (0, None)
+    st = HiddenStateStore.open(out, prenorm=True)
+    assert st.meta.has_final_prenorm and len(st) == len(HiddenStateStore.open(data["store"]))
+    sid = st.ids()[0]
+    assert torch.equal(st[sid].final_prenorm, HiddenStateStore.open(data["store"], prenorm=True)[sid].final_prenorm)
+    export_data("speculators", tmp_path / "spec", store=out)  # what the flag is for
+
+
+def test_the_vllm_backend_keeps_the_pre_norm_state_it_receives(data: dict[str, Path], tmp_path: Path) -> None:
+    from tests.fakes.vllm_server import FakeVllmServer
+
+    out = tmp_path / "states"
+    with FakeVllmServer(data["target"], tmp_path / "shared", [1, 2, 3, 4]) as server:  # aux [1, 2, 3] + N=4
+        assert cli_main(["hidden-states", "--backend", "vllm", "--endpoint", server.url, "--model", str(data["target"]),
+                         "--data", str(data["records"]), "--out", str(out), "--force", "--shared-dir",
+                         str(tmp_path / "shared"), "--final-prenorm"]) in (0, None)
+    vl, hf = HiddenStateStore.open(out, prenorm=True), HiddenStateStore.open(data["store"], prenorm=True)
+    assert vl.meta.has_final_prenorm and sorted(vl.ids()) == sorted(hf.ids())
+    weight, eps = load_final_norm(data["target"])
+    for sid in hf.ids():
+        a, b = hf[sid], vl[sid]
+        assert torch.allclose(a.final_prenorm.float(), b.final_prenorm.float(), rtol=2e-2, atol=3e-2)
+        assert torch.equal(rms_norm(b.final_prenorm, weight, eps), b.final)  # the final state is the normed one
