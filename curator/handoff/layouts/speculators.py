@@ -53,14 +53,6 @@ class SpeculatorsWriter(LayoutWriter):
 
     def add(self, index: int, row: HandoffRow) -> None:
         self._rows.append(HandoffRow(row.id, row.input_ids, row.loss_mask))
-        masked = row.input_ids[row.loss_mask]
-        if masked.numel():
-            counts = torch.bincount(masked, minlength=self._freq.numel())
-            if counts.numel() > self._freq.numel():  # records only: the vocabulary is known as it is seen
-                counts[: self._freq.numel()] += self._freq
-                self._freq = counts
-            else:
-                self._freq += counts
         if len(self._rows) >= _BATCH_ROWS:
             self._flush()
         if row.aux is None:
@@ -77,12 +69,24 @@ class SpeculatorsWriter(LayoutWriter):
         rows, self._rows = self._rows, []
         lengths = np.array([len(r) for r in rows], dtype=np.int32)
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-        ids = pa.array(torch.cat([r.input_ids for r in rows]).long().numpy())
-        mask = pa.array(torch.cat([r.loss_mask for r in rows]).long().numpy())
+        all_ids, all_mask = torch.cat([r.input_ids for r in rows]).long(), torch.cat([r.loss_mask for r in rows]).bool()
+        self._count(all_ids[all_mask])
+        ids, mask = pa.array(all_ids.numpy()), pa.array(all_mask.long().numpy())
         batch = pa.record_batch([pa.array([r.id for r in rows], pa.string()), pa.ListArray.from_arrays(offsets, ids),
                                  pa.ListArray.from_arrays(offsets, mask), pa.array(lengths.astype(np.int64))],
                                 schema=SCHEMA)
         self._stream.write_batch(batch)
+
+    def _count(self, masked: torch.Tensor) -> None:
+        """Add the loss-masked ids of a batch to the token frequencies (speculators' draft vocabulary)."""
+        if not masked.numel():
+            return
+        counts = torch.bincount(masked, minlength=self._freq.numel())
+        if counts.numel() > self._freq.numel():  # records only: the vocabulary is known as it is seen
+            counts[: self._freq.numel()] += self._freq
+            self._freq = counts
+        else:
+            self._freq += counts
 
     def close(self) -> dict[str, Any]:
         from datasets import Dataset
