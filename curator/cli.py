@@ -44,7 +44,7 @@ DEBUG_ENV = "CURATOR_DEBUG"
 COMMANDS = {
     "tap": "tap", "profile": "profile", "scout": "scout", "hub": "scout", "sql": "catalog", "catalog": "catalog",
     "build-mix": "mix", "target": "target", "generate": "generate", "plan": "hidden_states",
-    "hidden-states": "hidden_states", "train": "train", "export": "train", "eval": "evaluate", "doctor": "doctor",
+    "hidden-states": "hidden_states", "train": "train", "export": "train", "export-data": "handoff", "eval": "evaluate", "doctor": "doctor",
     "forecast": "forecast", "bench-serve": "bench_serve", "demo": "demo",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
@@ -66,6 +66,7 @@ COMMAND_HELP = {
     "hidden-states": "Capture the target's aux-layer (and final) hidden states of regenerated data into a shard store.",
     "train": "Train an EAGLE-3 draft with training-time test: `curator train --config FILE \\[key=value ...]`.",
     "export": "Export a trained draft in SGLang's or vLLM speculators' layout, layer ids in each engine's numbering.",
+    "export-data": "Write curated data in another trainer's layout (speculators, SpecForge, ModelOpt), published whole; --check one.",
     "eval": "Measure acceptance length with real speculative decoding (the target verifies, greedy or sampled).",
     "doctor": "Check a draft export, its fit with the target and data, and a server launch command.",
     "forecast": "Forecast the samples per category that reach --goal acceptance, with a band and their cost.",

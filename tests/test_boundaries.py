@@ -33,7 +33,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("curator", "curator.errors", "curator.aio", "curator.cpu", "curator.http", "curator.ui", "curator.loss_report",
      "curator.signals"),
     ("curator.wheels",),  # pinned files from the package registry: below the packages that read them
-    ("curator.rows", "curator.llm", "curator.hub", "curator.catalog", "curator.engines", "curator.targets"),
+    ("curator.rows", "curator.llm", "curator.hub", "curator.catalog", "curator.engines", "curator.targets",
+     "curator.handoff"),
     ("curator.sql", "curator.traffic", "curator.generate", "curator.doctor", "curator.hidden", "curator.train_progress"),
     ("curator.mix", "curator.forecast", "curator.tap"),
     ("curator.scout", "curator.serve_bench"),

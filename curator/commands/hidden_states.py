@@ -169,6 +169,8 @@ def hidden_states(
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Clip each sample to this many tokens."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per forward batch (transformers)."),
     no_final: bool = typer.Option(False, "--no-final", help="Do not store the final normed hidden state."),
+    final_prenorm: bool = typer.Option(False, "--final-prenorm", help="Also store the final state before the target's final "
+                                       "norm (H x 2 bytes a token more): what speculators trains on (`curator export-data`)."),
     force: bool = typer.Option(False, "--force", help="Start even when the plan says the disk is too small."),
     backend: str = typer.Option("transformers", "--backend", help="transformers (load the target here) or vllm (drive vLLM servers)."),
     endpoint: Optional[list[str]] = typer.Option(None, "--endpoint", help="vLLM server URL (repeatable)."),
@@ -194,7 +196,7 @@ def hidden_states(
         raise ConfigError("--data GEN_DIR and --out DIR are required (except with --print-server-command)")
     settings = CaptureSettings(
         model=model, data=data, out=out, target_dir=target_dir, layer_ids=layer_ids, dtype=dtype,
-        has_final=not no_final, max_len=max_len, batch_tokens=batch_tokens, backend=backend,
+        has_final=not no_final, final_prenorm=final_prenorm, max_len=max_len, batch_tokens=batch_tokens, backend=backend,
         endpoints=endpoint or [], concurrency=concurrency, retries=retries, path_map=path_map, shared_dir=shared_dir,
         check_disk=not force,
     )

@@ -417,7 +417,8 @@ class VllmExtractor:
             assert self.norm is not None  # __init__ refuses a final state without its norm
             weight, eps = self.norm
             final = rms_norm(hs[:, n_aux, :], weight, eps)
-        return HiddenStateSample(s.id, s.input_ids, s.loss_mask, aux, final, s.category)
+        prenorm = hs[:, n_aux, :].to(torch.bfloat16) if self.meta.has_final_prenorm else None
+        return HiddenStateSample(s.id, s.input_ids, s.loss_mask, aux, final, final_prenorm=prenorm, category=s.category)
 
 
 async def check_endpoints(client: httpx.AsyncClient, opts: VllmOptions) -> None:

@@ -41,6 +41,7 @@ class CaptureSettings:
     layer_ids: list[int] | None = None  # layer inputs; None: the default
     dtype: str = "bf16"
     has_final: bool = True
+    final_prenorm: bool = False  # also keep the final state before the norm (speculators' layout)
     max_len: int | None = None
     batch_tokens: int = 16384
     backend: str = "transformers"
@@ -129,7 +130,8 @@ def capture_hidden_states(
         raise ConfigError(f"{local} has no tokenizer; the chat template of the target is needed to tokenise")
     config = read_target_config(local)
     meta = store_meta(config, tokenizer, target=s.model, layer_ids=s.layer_ids, dtype=s.dtype,
-                      has_final=s.has_final, extra={"backend": s.backend, "max_len": s.max_len})
+                      has_final=s.has_final, has_final_prenorm=s.final_prenorm,
+                      extra={"backend": s.backend, "max_len": s.max_len})
     done: set[str] = set()
     if (s.out / "meta.json").exists():
         stored, skipped = read_index(s.out)
@@ -144,7 +146,7 @@ def capture_hidden_states(
         from training.capture.hidden_states import run
 
         return run(local, s.data, s.out, layer_ids=meta.aux_layer_ids, dtype=s.dtype, has_final=s.has_final,
-                   max_len=s.max_len, batch_tokens=s.batch_tokens, read_stats=read,
+                   final_prenorm=s.final_prenorm, max_len=s.max_len, batch_tokens=s.batch_tokens, read_stats=read,
                    on_batch=lambda n, _tokens: advance(n))
     mapping: tuple[str, str] | None = None
     if s.path_map:  # ENGINE_DIR=LOCAL_DIR (checked to hold "=" when the settings were read)

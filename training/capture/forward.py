@@ -43,6 +43,7 @@ class CapturedStates:
 
     aux: torch.Tensor
     final: torch.Tensor | None
+    final_prenorm: torch.Tensor | None = None  # [B, T, H]: the final norm's input (speculators' final state)
 
 
 @torch.no_grad()
@@ -52,6 +53,7 @@ def capture_batch(
     attention_mask: torch.Tensor | None,
     layer_ids: list[int],
     with_final: bool = True,
+    with_prenorm: bool = False,
 ) -> CapturedStates:
     """Return the aux states (inputs of `layer_ids`) and the final normed state for a batch; writes nothing.
 
@@ -69,7 +71,8 @@ def capture_batch(
         return hook
 
     # Id N (the last layer's output, pre-norm) is the input of the final norm.
-    modules = {i: (layers[i] if i < n else norm) for i in set(layer_ids)}
+    wanted = set(layer_ids) | ({n} if with_prenorm else set())
+    modules = {i: (layers[i] if i < n else norm) for i in wanted}
     handles = [m.register_forward_pre_hook(keep(i), with_kwargs=True) for i, m in modules.items()]
     try:
         out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -79,7 +82,7 @@ def capture_batch(
     final = out.last_hidden_state if with_final else None
     device = final.device if final is not None else captured[layer_ids[-1]].device
     aux = torch.cat([captured[i].to(device) for i in layer_ids], dim=-1)
-    return CapturedStates(aux=aux, final=final)
+    return CapturedStates(aux=aux, final=final, final_prenorm=captured[n].to(device) if with_prenorm else None)
 
 
 def sample_finite(states: CapturedStates, lengths: list[int]) -> list[bool]:

@@ -81,7 +81,8 @@ def extract(
                 for batch in length_batches([len(s.input_ids) for s in chunk], batch_tokens):
                     items = [chunk[i] for i in batch]
                     ids, mask = pad_batch([s.input_ids for s in items], tokenizer.pad_token_id or 0)
-                    states = capture_batch(model, ids.to(device), mask.to(device), meta.aux_layer_ids, meta.has_final)
+                    states = capture_batch(model, ids.to(device), mask.to(device), meta.aux_layer_ids, meta.has_final,
+                                           with_prenorm=meta.has_final_prenorm)
                     if states.aux.shape[-1] != n_aux * meta.hidden_size:
                         raise ModelMismatchError(
                             f"the model's hidden size {states.aux.shape[-1] // n_aux} differs from the store's "
@@ -121,6 +122,7 @@ def run(
     layer_ids: list[int] | None = None,
     dtype: str = "bf16",
     has_final: bool = True,
+    final_prenorm: bool = False,
     max_len: int | None = None,
     batch_tokens: int = 16384,
     read_stats: GenerationReadStats | None = None,
@@ -141,6 +143,7 @@ def run(
             layer_ids=layer_ids,
             dtype=dtype,
             has_final=has_final,
+            has_final_prenorm=final_prenorm,
             extra={"backend": "transformers", "max_len": max_len},
         )
         stats = extract(
@@ -170,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, nargs="+", default=None, help="aux layer ids: inputs of these decoder layers (default [2, N//2, N-3])")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
     p.add_argument("--no-final", action="store_true", help="do not store the final normed state")
+    p.add_argument("--final-prenorm", action="store_true",
+                   help="also store the final state before the final norm (what speculators trains on)")
     p.add_argument("--max-len", type=int, default=None)
     p.add_argument("--batch-tokens", type=int, default=16384)
     args = p.parse_args(argv)
@@ -181,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             layer_ids=args.layers,
             dtype=args.dtype,
             has_final=not args.no_final,
+            final_prenorm=args.final_prenorm,
             max_len=args.max_len,
             batch_tokens=args.batch_tokens,
         )

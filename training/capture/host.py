@@ -67,6 +67,7 @@ class HostStates:
     final: torch.Tensor | None  # (B, T, H)
     aux_scale: torch.Tensor | None = None  # (B, T, n_aux) float32, fp8 only
     final_scale: torch.Tensor | None = None  # (B, T, 1)
+    final_prenorm: torch.Tensor | None = None  # (B, T, H) bf16, has_final_prenorm stores only
     # Set when the copy from the GPU is still in flight: wait on it before reading the tensors.
     ready: Any = None
 
@@ -74,7 +75,7 @@ class HostStates:
         """Return sample `b`'s first `t` tokens as HiddenStateSample fields (views: no copy)."""
         return {name: (x[b, :t] if x is not None else None)
                 for name, x in (("aux", self.aux), ("final", self.final), ("aux_scale", self.aux_scale),
-                                ("final_scale", self.final_scale))}
+                                ("final_scale", self.final_scale), ("final_prenorm", self.final_prenorm))}
 
     def wait(self) -> None:
         """Block until the tensors hold the copied values."""
@@ -108,7 +109,7 @@ class HostCopier:
         """Return the batch as the store keeps it; an fp8 store's states are quantised first,
         where they are (the GPU), so half the bytes cross to the host and the writer does less."""
         if meta.dtype != "fp8":
-            parts = {"aux": states.aux, "final": states.final}
+            parts = {"aux": states.aux, "final": states.final, "final_prenorm": states.final_prenorm}
         else:
             B, T, W = states.aux.shape
             q, scale = quantize_fp8(states.aux.reshape(B * T, W), len(meta.aux_layer_ids))

@@ -131,6 +131,7 @@ def store_meta(
     layer_ids: list[int] | None,
     dtype: str,
     has_final: bool,
+    has_final_prenorm: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> StoreMeta:
     """Return the store metadata for a target config (transformers config or its dict) and tokenizer."""
@@ -146,6 +147,7 @@ def store_meta(
         layer_convention=CONVENTION,
         dtype=dtype,
         has_final=has_final,
+        has_final_prenorm=has_final_prenorm,
         chat_template_sha256=chat_template_sha256(tokenizer),
         tokenizer_sha256=tokenizer_sha256(tokenizer),
         extra=dict(extra or {}),

@@ -14,6 +14,8 @@ the sample count:
     input_ids  int32 [N]          loss_mask bool [N]
     aux        bf16|fp8 [N, 3H]   aux_scale  float32 [N, 3]   (fp8 only)
     final      bf16|fp8 [N, H]    final_scale float32 [N, 1]  (fp8 only; final only when has_final)
+    final_prenorm  bf16 [N, H]    (only when has_final_prenorm: the same state before the target's
+                                   final norm, which speculators trains on; bf16 stores only)
 
 An index entry is {"shard", "offset", "length", "category", "mode"?}: the sample's rows are
 [offset, offset + length) of every tensor in that shard.
@@ -63,6 +65,7 @@ COMPATIBLE_FIELDS = (
     "layer_convention",
     "dtype",
     "has_final",
+    "has_final_prenorm",
     "chat_template_sha256",
     "tokenizer_sha256",
 )
@@ -80,6 +83,9 @@ class StoreMeta:
     layer_convention: str = CONVENTION  # see training.target.layers; normalised to it when the meta is made
     dtype: str = "bf16"
     has_final: bool = True
+    # The last layer's output before the final norm, kept beside `final` (which is after it):
+    # speculators trains on that state and applies the norm itself; an RMSNorm cannot be undone.
+    has_final_prenorm: bool = False
     chat_template_sha256: str = ""
     tokenizer_sha256: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -87,6 +93,10 @@ class StoreMeta:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise StoreError(f"store dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if self.has_final_prenorm and not self.has_final:
+            raise StoreError("a store keeps the pre-norm final state beside the final state; do not drop the final state")
+        if self.has_final_prenorm and self.dtype != "bf16":
+            raise StoreError("a store keeps the pre-norm final state in bf16 only; capture it with dtype bf16")
         # One numbering everywhere after this point, whatever an older store recorded.
         self.aux_layer_ids = normalise(self.aux_layer_ids, self.layer_convention)
         self.layer_convention = CONVENTION
@@ -98,7 +108,8 @@ class StoreMeta:
 
     def bytes_per_token(self) -> int:
         """Return the bytes one stored token costs (hidden rows + scales + ids + mask)."""
-        return bytes_per_token(self.hidden_size, len(self.aux_layer_ids), self.dtype, self.has_final)
+        return (bytes_per_token(self.hidden_size, len(self.aux_layer_ids), self.dtype, self.has_final)
+                + (2 * self.hidden_size if self.has_final_prenorm else 0))
 
     def to_json(self) -> dict[str, Any]:
         """Return meta.json's content."""
@@ -147,6 +158,7 @@ class HiddenStateSample:
     # host: half the bytes to move): float32 scales [T, n_rows], as quantize_fp8 returns them.
     aux_scale: torch.Tensor | None = None
     final_scale: torch.Tensor | None = None
+    final_prenorm: torch.Tensor | None = None  # [T, H] bf16, before the final norm (has_final_prenorm stores)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -171,6 +183,8 @@ def shard_tensors(meta: StoreMeta) -> dict[str, tuple[tuple[str, ...], tuple[int
     }
     if meta.has_final:
         want["final"] = (states, (meta.hidden_size,))
+    if meta.has_final_prenorm:
+        want["final_prenorm"] = (("BF16",), (meta.hidden_size,))
     if meta.dtype == "fp8":
         want["aux_scale"] = (("F32",), (len(meta.aux_layer_ids),))
         if meta.has_final:

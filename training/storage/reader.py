@@ -18,6 +18,7 @@ from training.errors import StoreError, StoreIntegrityError
 from training.storage.format import HiddenStateSample, StoreMeta
 from training.storage.fp8 import dequantize_fp8
 from training.storage.index import check_shards, read_index, read_json
+from training.storage.shard_file import ShardFile
 from training.storage.writer import lock_store
 
 
@@ -31,20 +32,25 @@ class HiddenStateStore:
     """
 
     def __init__(self, root: Path, meta: StoreMeta, entries: dict[str, dict[str, Any]], skipped: dict[str, str],
-                 dequantize: bool = True):
+                 dequantize: bool = True, prenorm: bool = False, pread: bool = False):
         self.root = root
         self.meta = meta
         self._entries = entries
         self._ids = list(entries)
         self.skipped = skipped
         self.dequantize = dequantize
+        self.prenorm = prenorm and meta.has_final_prenorm  # read `final_prenorm` too (the trainer never needs it)
+        self.pread = pread  # rows read with pread, not through a memory map (a reader of every row once)
         self._handles: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str | Path, *, dequantize: bool = True) -> HiddenStateStore:
+    def open(cls, path: str | Path, *, dequantize: bool = True, prenorm: bool = False,
+             pread: bool = False) -> HiddenStateStore:
         """Return the store at `path` (index.json merged with any unmerged parts); StoreError while a
-        capture is writing it (a moving store), or when it has no meta.json."""
+        capture is writing it (a moving store), or when it has no meta.json. `prenorm`: samples carry
+        `final_prenorm` too, where the store keeps it; `pread`: rows are read with pread into tensors of
+        their own (training.storage.shard_file.ShardFile) instead of through a memory map."""
         root = Path(path)
         writer = lock_store(root).holder()
         if writer is not None:
@@ -56,7 +62,7 @@ class HiddenStateStore:
         meta = StoreMeta.from_json(read_json(meta_path))
         entries, skipped = read_index(root)
         check_shards(root, meta, entries)
-        return cls(root, meta, entries, skipped, dequantize=dequantize)
+        return cls(root, meta, entries, skipped, dequantize=dequantize, prenorm=prenorm, pread=pread)
 
     def ids(self) -> list[str]:
         """Return the stored sample ids in index order."""
@@ -91,8 +97,8 @@ class HiddenStateStore:
             if not path.exists():
                 raise StoreError(f"shard {path} named in the index is missing; the store was copied incompletely")
             try:
-                h = safe_open(str(path), framework="pt")
-            except SafetensorError as exc:  # changed on disk since the store was opened
+                h = ShardFile(path) if self.pread else safe_open(str(path), framework="pt")
+            except (SafetensorError, ValueError) as exc:  # changed on disk since the store was opened
                 raise StoreIntegrityError(f"shard {path} is damaged ({exc}); copy it again or capture again") from exc
             self._handles[shard] = h
             if len(self._handles) > 16:  # bound open files on stores with thousands of shards
@@ -109,6 +115,8 @@ class HiddenStateStore:
         names = ["input_ids", "loss_mask", "aux"] + (["final"] if self.meta.has_final else [])
         if self.meta.dtype == "fp8":
             names += ["aux_scale"] + (["final_scale"] if self.meta.has_final else [])
+        if self.prenorm:
+            names.append("final_prenorm")
         with self._lock:
             h = self._handle(entry["shard"])
             t = {name: h.get_slice(name)[lo:hi] for name in names}
@@ -118,6 +126,7 @@ class HiddenStateStore:
             loss_mask=t["loss_mask"].to(torch.bool),
             aux=t["aux"],
             final=t.get("final"),
+            final_prenorm=t.get("final_prenorm"),
             category=str(entry.get("category", "")),
         )
         if self.meta.dtype == "fp8":

@@ -94,3 +94,68 @@ def write_parts(
         if fsync:
             os.fsync(f.fileno())
     return 8 + len(raw) + offset
+
+
+_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+class RowSlices:
+    """`[lo:hi]` of one tensor of a shard, read with pread (see ShardFile)."""
+
+    def __init__(self, shard: ShardFile, name: str) -> None:
+        self._shard, self._name = shard, name
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        return self._shard.read_rows(self._name, rows.start or 0, rows.stop)
+
+
+class ShardFile:
+    """A safetensors shard read by rows with `os.preadv` into fresh tensors, instead of through a memory map.
+
+    A mapped file's pages are faulted in one at a time on first touch (561 MB/s against 2.4 GB/s for
+    pread of the same cached bytes, on this project's 2-core machine): a reader that reads every row
+    once, as `curator export-data` does, streams at the disk's pace this way. The header was checked
+    when the store was opened (training.storage.index); `get_slice(name)[lo:hi]` reads as safe_open's does.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            (n,) = struct.unpack("<Q", os.pread(self._fd, 8, 0))
+            header = json.loads(os.pread(self._fd, n, 8))
+        except (struct.error, ValueError) as exc:
+            self.close()
+            raise ValueError(f"{path} is not a safetensors file: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        self._base = 8 + n
+        self._tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+
+    def get_slice(self, name: str) -> RowSlices:
+        return RowSlices(self, name)
+
+    def read_rows(self, name: str, lo: int, hi: int | None) -> torch.Tensor:
+        """Return rows [lo, hi) of tensor `name` (a tensor of its own)."""
+        info = self._tensors[name]
+        dtype, shape = _TORCH_DTYPES[info["dtype"]], list(info["shape"])
+        hi = shape[0] if hi is None else min(hi, shape[0])
+        row = dtype.itemsize
+        for d in shape[1:]:
+            row *= d
+        out = torch.empty([max(hi - lo, 0), *shape[1:]], dtype=dtype)
+        want = out.numel() * dtype.itemsize
+        if want:
+            start = self._base + info["data_offsets"][0] + lo * row
+            got = os.preadv(self._fd, [_bytes(out)], start)
+            if got != want:
+                raise OSError(f"read {got} of {want} bytes of {name!r}: the shard is shorter than its header says")
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()

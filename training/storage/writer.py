@@ -177,6 +177,9 @@ class StoreWriter:
             )
         if self.meta.has_final and (s.final is None or tuple(s.final.shape) != (t, self.meta.hidden_size)):
             raise StoreError(f"sample {s.id!r}: the store keeps the final hidden state [T, H] but the sample has none")
+        if self.meta.has_final_prenorm and (s.final_prenorm is None
+                                            or tuple(s.final_prenorm.shape) != (t, self.meta.hidden_size)):
+            raise StoreError(f"sample {s.id!r}: the store keeps the pre-norm final state [T, H] but the sample has none")
         quantized = s.aux_scale is not None or s.final_scale is not None
         if quantized and self.meta.dtype != "fp8":
             # a bf16 store would keep the fp8 values and drop their scales: wrong numbers, silently
@@ -228,6 +231,9 @@ class StoreWriter:
             parts["aux"] = [s.aux.detach().cpu().to(torch.bfloat16) for s in buffer]
             if meta.has_final:
                 parts["final"] = [s.final.detach().cpu().to(torch.bfloat16) for s in buffer]  # type: ignore[union-attr]
+            if meta.has_final_prenorm:
+                parts["final_prenorm"] = [s.final_prenorm.detach().cpu().to(torch.bfloat16)  # type: ignore[union-attr]
+                                          for s in buffer]
         path = self.root / "shards" / name
         tmp = path.with_name(f".{name}.tmp")
         try:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from training.storage.shard_file import write_parts
+from training.storage.shard_file import ShardFile, write_parts
 
 
 def test_parts_round_trip_through_the_safetensors_library(tmp_path):
@@ -45,3 +46,20 @@ def test_parts_that_disagree_are_refused(tmp_path):
         write_parts(tmp_path / "x", {"a": [torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bfloat16)]})
     with pytest.raises(ValueError, match="no parts"):
         write_parts(tmp_path / "x", {"a": []})
+
+
+def test_rows_read_with_pread_equal_the_memory_mapped_rows(tmp_path: Path) -> None:
+    parts = {"aux": [torch.randn(5, 6).to(torch.bfloat16), torch.randn(3, 6).to(torch.bfloat16)],
+             "ids": [torch.arange(5, dtype=torch.int32), torch.arange(3, dtype=torch.int32)],
+             "mask": [torch.tensor([True, False, True, True, False]), torch.tensor([False, True, True])],
+             "q": [torch.randn(8, 4).to(torch.float8_e4m3fn)]}
+    write_parts(tmp_path / "s.safetensors", parts)
+    shard = ShardFile(tmp_path / "s.safetensors")
+    with safe_open(str(tmp_path / "s.safetensors"), framework="pt") as h:
+        for name in parts:
+            for lo, hi in ((0, 8), (2, 6), (7, 8), (3, 3)):
+                got = shard.get_slice(name)[lo:hi]
+                want = h.get_slice(name)[lo:hi]
+                assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+                assert got.untyped_storage().nbytes() == got.nbytes  # a tensor of its own, not a view of the file
+    shard.close()
