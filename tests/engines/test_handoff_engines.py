@@ -19,7 +19,7 @@ pytest.importorskip("modelopt", reason="ModelOpt is not installed: run .ci/engin
 import torch  # noqa: E402
 
 from curator.handoff.export import MANIFEST, export_data  # noqa: E402
-from curator.hidden_vllm import load_final_norm, rms_norm  # noqa: E402
+from curator.engines.vllm_capture import load_final_norm, rms_norm  # noqa: E402
 from tests.curator.handoff.handoff_fixtures import capture_store, write_records  # noqa: E402
 from training.feed.packing import pack_samples  # noqa: E402
 from training.storage.reader import HiddenStateStore  # noqa: E402

@@ -24,7 +24,7 @@ from curator.handoff.errors import (
     StoreMismatchError,
 )
 from curator.handoff.export import MANIFEST, export_data
-from curator.hidden_vllm import load_final_norm, rms_norm
+from curator.engines.vllm_capture import load_final_norm, rms_norm
 from tests.curator.handoff.handoff_fixtures import capture_store, token_record, write_records
 from training.storage.fp8 import dequantize_fp8
 from training.storage.reader import HiddenStateStore
