@@ -32,6 +32,18 @@ def test_the_trainers_verified_are_the_pinned_versions() -> None:
     assert (version("speculators"), version("specforge"), version("nvidia-modelopt")) == ("0.9.0", "0.2.0", "0.47.0")
 
 
+@pytest.fixture(autouse=True)
+def _as_a_user_runs_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainers' loaders as a user's process sees them, not as the rest of this group leaves it:
+    the group's CPU stand-in for torchvision (cpu_stubs.py) sits in sys.modules, where `datasets`'
+    tensor formatter would take it for the real one, and a torchrun-style LOCAL_RANK another test
+    set would send speculators' trainer to an accelerator."""
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "TORCHVISION_AVAILABLE", False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+
 @pytest.fixture(scope="module")
 def data(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("handoff")
