@@ -131,7 +131,8 @@ def open_source(store: str | Path | None, records: str | Path | None, *, target:
     opened = None
     if store is not None:
         try:
-            opened = HiddenStateStore.open(store, prenorm=prenorm, pread=True)  # every row read once
+            # every row read once; the layout wanting the pre-norm state needs no post-norm one
+            opened = HiddenStateStore.open(store, prenorm=prenorm, final=not prenorm, pread=True)
         except TrainingError as exc:
             raise HandoffError(str(exc)) from None
         if opened.meta.dtype == "fp8" and not fp8_to_bf16:

@@ -32,7 +32,7 @@ class HiddenStateStore:
     """
 
     def __init__(self, root: Path, meta: StoreMeta, entries: dict[str, dict[str, Any]], skipped: dict[str, str],
-                 dequantize: bool = True, prenorm: bool = False, pread: bool = False):
+                 dequantize: bool = True, prenorm: bool = False, pread: bool = False, final: bool = True):
         self.root = root
         self.meta = meta
         self._entries = entries
@@ -41,16 +41,18 @@ class HiddenStateStore:
         self.dequantize = dequantize
         self.prenorm = prenorm and meta.has_final_prenorm  # read `final_prenorm` too (the trainer never needs it)
         self.pread = pread  # rows read with pread, not through a memory map (a reader of every row once)
+        self.final = final and meta.has_final  # read `final` (a reader wanting only the pre-norm state skips it)
         self._handles: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str | Path, *, dequantize: bool = True, prenorm: bool = False,
-             pread: bool = False) -> HiddenStateStore:
+             pread: bool = False, final: bool = True) -> HiddenStateStore:
         """Return the store at `path` (index.json merged with any unmerged parts); StoreError while a
         capture is writing it (a moving store), or when it has no meta.json. `prenorm`: samples carry
         `final_prenorm` too, where the store keeps it; `pread`: rows are read with pread into tensors of
-        their own (training.storage.shard_file.ShardFile) instead of through a memory map."""
+        their own (training.storage.shard_file.ShardFile) instead of through a memory map; `final`
+        False: samples leave the final state out (None), read by no one who asks for this."""
         root = Path(path)
         writer = lock_store(root).holder()
         if writer is not None:
@@ -62,7 +64,7 @@ class HiddenStateStore:
         meta = StoreMeta.from_json(read_json(meta_path))
         entries, skipped = read_index(root)
         check_shards(root, meta, entries)
-        return cls(root, meta, entries, skipped, dequantize=dequantize, prenorm=prenorm, pread=pread)
+        return cls(root, meta, entries, skipped, dequantize=dequantize, prenorm=prenorm, pread=pread, final=final)
 
     def ids(self) -> list[str]:
         """Return the stored sample ids in index order."""
@@ -112,9 +114,9 @@ class HiddenStateStore:
         if entry is None:
             raise KeyError(sid)
         lo, hi = int(entry["offset"]), int(entry["offset"]) + int(entry["length"])
-        names = ["input_ids", "loss_mask", "aux"] + (["final"] if self.meta.has_final else [])
+        names = ["input_ids", "loss_mask", "aux"] + (["final"] if self.final else [])
         if self.meta.dtype == "fp8":
-            names += ["aux_scale"] + (["final_scale"] if self.meta.has_final else [])
+            names += ["aux_scale"] + (["final_scale"] if self.final else [])
         if self.prenorm:
             names.append("final_prenorm")
         with self._lock:
@@ -132,7 +134,7 @@ class HiddenStateStore:
         if self.meta.dtype == "fp8":
             if self.dequantize:
                 sample.aux = dequantize_fp8(t["aux"], t["aux_scale"])
-                sample.final = dequantize_fp8(t["final"], t["final_scale"]) if self.meta.has_final else None
+                sample.final = dequantize_fp8(t["final"], t["final_scale"]) if self.final else None
             else:
                 sample.aux_scale, sample.final_scale = t["aux_scale"], t.get("final_scale")
         return sample
