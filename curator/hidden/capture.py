@@ -106,7 +106,7 @@ def remaining_samples(
     if not lengths:
         return 0
     result = make_plan(shape, lengths=lengths, max_len=max_len, dtype=meta.dtype, n_aux=len(meta.aux_layer_ids),
-                       has_final=meta.has_final, out_dir=out, lengths_from=how)
+                       has_final=meta.has_final, has_final_prenorm=meta.has_final_prenorm, out_dir=out, lengths_from=how)
     refuse_if_it_will_not_fit(result)
     return len(lengths)
 

@@ -147,6 +147,7 @@ def make_plan(
     has_final: bool = True,
     out_dir: str | Path | None = None,
     lengths_from: str = "",
+    has_final_prenorm: bool = False,
 ) -> DiskPlan:
     """Return the disk plan for a real length distribution (`lengths`) or `samples` x `avg_tokens`."""
     if lengths is None:
@@ -165,7 +166,8 @@ def make_plan(
 
     aux_bpt = bytes_per_token(shape.hidden_size, n_aux, dtype, False)
     final_bpt = bytes_per_token(shape.hidden_size, n_aux, dtype, True)
-    store_bpt = final_bpt if has_final else aux_bpt
+    # the pre-norm final state (--final-prenorm) is part of the store's bill, not of the columns
+    store_bpt = bytes_per_token(shape.hidden_size, n_aux, dtype, has_final, has_final_prenorm)
     limits: list[int | None] = [None, *DEFAULT_MAX_LENS]
     if max_len and max_len not in limits:
         limits.insert(1, max_len)

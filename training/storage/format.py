@@ -108,8 +108,8 @@ class StoreMeta:
 
     def bytes_per_token(self) -> int:
         """Return the bytes one stored token costs (hidden rows + scales + ids + mask)."""
-        return (bytes_per_token(self.hidden_size, len(self.aux_layer_ids), self.dtype, self.has_final)
-                + (2 * self.hidden_size if self.has_final_prenorm else 0))
+        return bytes_per_token(self.hidden_size, len(self.aux_layer_ids), self.dtype, self.has_final,
+                               self.has_final_prenorm)
 
     def to_json(self) -> dict[str, Any]:
         """Return meta.json's content."""
@@ -133,11 +133,12 @@ class StoreMeta:
         return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
 
 
-def bytes_per_token(hidden_size: int, n_aux: int, dtype: str, has_final: bool) -> int:
-    """Return the stored bytes per token: hidden rows, fp8 scales, int32 id and bool mask."""
+def bytes_per_token(hidden_size: int, n_aux: int, dtype: str, has_final: bool, has_final_prenorm: bool = False) -> int:
+    """Return the stored bytes per token: hidden rows, fp8 scales, int32 id and bool mask, and the
+    pre-norm final state where kept (always bf16)."""
     rows = n_aux + (1 if has_final else 0)
     per_row = hidden_size * (1 if dtype == "fp8" else 2) + (4 if dtype == "fp8" else 0)
-    return rows * per_row + 4 + 1
+    return rows * per_row + 4 + 1 + (2 * hidden_size if has_final_prenorm else 0)
 
 
 @dataclass
