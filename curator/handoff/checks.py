@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from safetensors import SafetensorError, safe_open
 
 from curator.handoff.errors import HandoffError
 from curator.handoff.export import FORMAT, MANIFEST, layout_named
 from curator.handoff.layouts import modelopt, specforge, speculators
-from training.io.safe_yaml import safe_load
+from training.errors import ConfigFileError
+from training.io.config_file import read_config
 
 LAYER_KEYS = ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids", "target_layer_ids")
 
@@ -135,10 +135,9 @@ def _find(config: Any, keys: tuple[str, ...]) -> Iterator[tuple[str, Any]]:
 
 def check_trainer_config(manifest: dict[str, Any], config_path: Path) -> Iterator[Finding]:
     """Yield findings on a trainer's run config against the export (layer ids; ModelOpt's answer_only_loss)."""
-    try:
-        text = config_path.read_text(encoding="utf-8")
-        config = json.loads(text) if config_path.suffix == ".json" else safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    try:  # the trainers' configs are YAML whatever their suffix, JSON where it says so
+        config = read_config(config_path, "trainer config", "json" if config_path.suffix == ".json" else "yaml")
+    except ConfigFileError as exc:
         raise HandoffError(f"cannot read the trainer config {config_path}: {exc}") from None
     want = manifest.get("aux_layer_ids")
     named = list(_find(config, LAYER_KEYS))
