@@ -47,7 +47,7 @@ def _init(start: StartDraft | None) -> InitDraft | None:
 
 
 def _variant(train_args: Mapping[str, Any]) -> dict[str, bool]:
-    """Return the EAGLE-3.1 norms the run's options turn on (TrainConfig.variant, from its dict)."""
+    """Return the EAGLE-3.1 norms the run's options turn on (from the run config's dict)."""
     return {name: bool(train_args.get(name)) for name in VARIANT_KEYS}
 
 

@@ -41,10 +41,10 @@ def export_checkpoint(
     `verifier` is the target's Hub id for the speculators layout; `target_dir` overrides where the
     target's embeddings are read from (speculators layout) when the recorded folder moved.
     """
-    kind_of_format(fmt)  # an unknown --format is named before the checkpoint is read
+    fmt_kind = kind_of_format(fmt)  # an unknown --format is named before the checkpoint is read
     ckpt, meta, weights = read_checkpoint(ckpt_dir)
     kind = kind_of_meta(meta)
-    if fmt not in kind.formats:
+    if kind is not fmt_kind:  # one kind owns a format (register refuses a second)
         raise TrainingError(f"checkpoint {ckpt} holds a {kind.name} draft, which exports as {', '.join(kind.formats)}, "
                             f"not {fmt!r}")
     file_weights, config = kind.export(ExportRequest(ckpt, meta, weights, checkpoint_layer_ids(meta), fmt,

@@ -16,9 +16,6 @@ from typing import Any
 from training.errors import ConfigFileError, TrainingError
 from training.io.config_file import read_config
 
-# training/eagle3/model.py's VARIANT_KEYS, repeated: this module loads without torch (the CLI's usage errors)
-VARIANT_KEYS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
-
 
 @dataclass
 class TrainConfig:
@@ -124,10 +121,6 @@ class TrainConfig:
             raise TrainingError(f"unknown training config keys: {unknown} (known: {sorted(fields)})")
         hints = typing.get_type_hints(cls)
         return cls(**{k: _coerce(k, v, hints[k]) for k, v in data.items()})
-
-    def variant(self) -> dict[str, bool]:
-        """Return the draft's EAGLE-3.1 normalisation flags, as training.eagle3.model.DraftConfig takes them."""
-        return {name: bool(getattr(self, name)) for name in VARIANT_KEYS}
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """Return a copy with the non-None `overrides` applied (CLI flags over the file)."""

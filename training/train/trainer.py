@@ -407,6 +407,7 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
     resumed = step > 0
 
     kind.prepare(device)
+    n_sums = kind.n_sums  # asked once: the kind's answer does not change inside the loop
     objective: nn.Module = kind.objective(draft)
     if dist_info.enabled:
         objective = nn.parallel.DistributedDataParallel(
@@ -499,7 +500,7 @@ def _run(cfg: TrainConfig, run: Setup, *, on_metrics: MetricsCallback | None,
             counts = all_reduce_sum(torch.stack([b.step_counts(cfg.ttt_steps) for b in loaded]).sum(0).to(device))
             step_scale = (weights.to(device) / counts.clamp(min=1) * world).float()
             optimizer.zero_grad(set_to_none=True)
-            step_sums = torch.zeros(cfg.ttt_steps, kind.n_sums, dtype=torch.float64, device=device)
+            step_sums = torch.zeros(cfg.ttt_steps, n_sums, dtype=torch.float64, device=device)
             moving = copier.start(loaded[0])
             for i, cpu_batch in enumerate(loaded):
                 batch = copier.wait(moving)
