@@ -352,7 +352,9 @@ def _packaged_builders() -> frozenset[str]:
         from datasets import packaged_modules
     except ImportError:  # pragma: no cover - datasets is a dependency
         return PACKAGED_BUILDERS
-    return PACKAGED_BUILDERS | frozenset(m.name for m in pkgutil.iter_modules(packaged_modules.__path__) if m.ispkg)
+    # folder_based_builder is the folder builders' shared base, not a builder a `dataset:` can name
+    return PACKAGED_BUILDERS | frozenset(m.name for m in pkgutil.iter_modules(packaged_modules.__path__)
+                                         if m.ispkg and m.name != "folder_based_builder")
 
 
 def is_hub_id(dataset: str) -> bool:
